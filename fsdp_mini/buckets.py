@@ -1,0 +1,87 @@
+"""Gradient buckets: start communicating while backward is still running.
+
+Backward produces gradients roughly in reverse order of the forward pass: the last layer's first.
+Parameters are grouped, in that order, into buckets of about ``bucket_bytes``. As soon as every
+gradient of a bucket has been accumulated, the bucket is handed to the strategy (DDP all-reduces
+it, ZeRO reduce-scatters it) while autograd goes on computing earlier layers' gradients.
+
+Note: buckets are launched strictly in index order, on every rank. If rank 0 launched bucket 1
+before bucket 0 and rank 1 did the opposite, the collectives would pair up wrongly and hang.
+Gradients that never arrive (a parameter unused in this forward) are launched at the end of
+backward, with zeros, so every rank issues the same collectives.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.autograd import Variable
+
+
+def split_into_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[list[nn.Parameter]]:
+    """Group ``params`` (already in gradient-ready order) into buckets of about ``bucket_bytes``."""
+    buckets: list[list[nn.Parameter]] = [[]]
+    size = 0
+    for p in params:
+        nbytes = p.numel() * p.element_size()
+        if buckets[-1] and size + nbytes > bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += nbytes
+    return [b for b in buckets if b]
+
+
+def grad_or_zeros(p: nn.Parameter) -> torch.Tensor:
+    """The gradient, or zeros for a parameter this backward did not reach."""
+    return p.grad if p.grad is not None else torch.zeros_like(p)
+
+
+def grad_ready_order(module: nn.Module) -> list[nn.Parameter]:
+    """Trainable parameters, each once, in reverse registration order (≈ order grads arrive)."""
+    unique = {id(p): p for p in module.parameters() if p.requires_grad}
+    return list(reversed(list(unique.values())))
+
+
+class BucketScheduler:
+    """Calls ``on_ready(i)`` for bucket i, in order, once all its gradients are accumulated, and
+    ``on_backward_end()`` when autograd has finished the whole backward pass."""
+
+    def __init__(self, buckets: list[list[nn.Parameter]], on_ready: Callable[[int], None],
+                 on_backward_end: Callable[[], None]):
+        self.buckets = buckets
+        self.on_ready, self.on_backward_end = on_ready, on_backward_end
+        self._bucket_of = {id(p): i for i, b in enumerate(buckets) for p in b}
+        self._missing = [len(b) for b in buckets]
+        self._next = 0
+        self._in_backward = False
+        self.hooks = [p.register_post_accumulate_grad_hook(self._grad_ready)
+                      for b in buckets for p in b]
+
+    def _grad_ready(self, param: nn.Parameter) -> None:
+        # Note: a post-accumulate-grad hook receives the *parameter*; its gradient is param.grad.
+        if not self._in_backward:
+            self._in_backward = True
+            Variable._execution_engine.queue_callback(self._backward_end)
+        i = self._bucket_of[id(param)]
+        self._missing[i] -= 1
+        while self._next < len(self.buckets) and self._missing[self._next] == 0:
+            self._launch_next()
+
+    def _launch_next(self) -> None:
+        self._next += 1
+        self.on_ready(self._next - 1)
+
+    def _backward_end(self) -> None:
+        while self._next < len(self.buckets):
+            self._launch_next()
+        self.on_backward_end()
+        self._missing = [len(b) for b in self.buckets]
+        self._next = 0
+        self._in_backward = False
+
+    def remove(self) -> None:
+        for h in self.hooks:
+            h.remove()

@@ -1,0 +1,277 @@
+"""Memory, per rank: live tensor bytes by category, current and peak, around any code.
+
+``with track_memory(model, optimizer) as mem: ...`` counts the bytes of every live tensor storage
+of this process, the way a GPU allocator would report "allocated" memory:
+
+* at entry, every tensor already alive (found through the garbage collector) is counted;
+* inside, every aten op's outputs are seen by a ``TorchDispatchMode``; a storage is counted once
+  however many views point at it, and is uncounted when it dies (a weak reference's callback);
+* storage resizes (``tensor.untyped_storage().resize_(0)``, how FSDP frees a gathered unit while
+  autograd still holds views of it) are caught too.
+
+The figures are identical run to run, so a test can assert on them. On CUDA the allocator's own
+figures (allocated, peak, reserved) are read as well, in ``mem.cuda``.
+
+Categories
+    ``params``           parameter storage a rank keeps between steps (its shard under ZeRO-3/FSDP)
+    ``gathered_params``  full parameters of a unit, alive only while the unit is unsharded
+    ``grads``            gradients kept for the optimizer (full, or this rank's shard)
+    ``optimizer_state``  optimizer state (Adam's two moments, momentum buffers, step counters)
+    ``comm_buffers``     buffers that only exist to be sent or received (buckets, flat grads)
+    ``activations``      everything else: activations saved for backward and temporaries
+
+A tensor gets its category in one of two ways: code that allocates it says so
+(``with allocating("comm_buffers"): ...``, which the engine does), or one of the *sources* passed
+to ``track_memory`` claims it: an object with a ``memory_categories()`` method (fsdp_mini's
+wrapped models and optimizers), a plain ``nn.Module`` (its parameters and their gradients) or a
+``torch.optim.Optimizer`` (its state). Sources are consulted at entry, at each ``mark`` and when a
+new peak is reached, so the breakdown at the peak is exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import gc
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+CATEGORIES = ("params", "gathered_params", "grads", "optimizer_state", "comm_buffers",
+              "activations")
+OTHER = "activations"
+
+_current_category: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "fsdp_mini_allocating", default=None)
+
+
+@contextlib.contextmanager
+def allocating(category: str):
+    """Tensors created inside this block are counted under ``category``."""
+    if category not in CATEGORIES:
+        raise ValueError(f"unknown memory category {category!r}; use one of {CATEGORIES}")
+    token = _current_category.set(category)
+    try:
+        yield
+    finally:
+        _current_category.reset(token)
+
+
+@dataclass
+class Snapshot:
+    label: str
+    time: float
+    total_bytes: int
+    by_category: dict[str, int]
+
+
+@dataclass
+class _Storage:
+    nbytes: int
+    category: str
+    ref: weakref.ref
+
+
+@dataclass
+class MemoryTracker:
+    """Live tensor bytes of this process while active. Use through :func:`track_memory`."""
+
+    sources: tuple = ()
+    current_bytes: int = 0
+    peak_bytes: int = 0
+    by_category: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    peak_by_category: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    at_peak: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    snapshots: list[Snapshot] = field(default_factory=list)
+    cuda: dict[str, int] = field(default_factory=dict)
+    active: bool = False
+    _live: dict[int, _Storage] = field(default_factory=dict)
+    _classifying: bool = False
+
+    # -- what users read ------------------------------------------------------------------------
+
+    def mark(self, label: str) -> Snapshot | None:
+        """Record a labelled snapshot (a point on this rank's memory timeline)."""
+        if not self.active:
+            return None
+        self._classify_sources()
+        snap = Snapshot(label, time.time(), self.current_bytes, dict(self.by_category))
+        self.snapshots.append(snap)
+        return snap
+
+    def reset_peak(self) -> None:
+        """Start a new peak window from the current state (e.g. between phases)."""
+        self._classify_sources()
+        self.peak_bytes = self.current_bytes
+        self.peak_by_category = dict(self.by_category)
+        self.at_peak = dict(self.by_category)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats()
+
+    def category_bytes(self) -> dict[str, int]:
+        self._classify_sources()
+        return dict(self.by_category)
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+
+    def _see(self, t: torch.Tensor, category: str | None = None) -> None:
+        for inner in _plain_tensors(t):
+            if inner.device.type == "meta":
+                continue
+            st = inner.untyped_storage()
+            key = st._cdata
+            entry = self._live.get(key)
+            if entry is None:
+                cat = category or _current_category.get() or OTHER
+                ref = weakref.ref(st, lambda _, key=key: self._forget(key))
+                self._live[key] = _Storage(0, cat, ref)
+                self._add(key, st.nbytes())
+            elif entry.nbytes != st.nbytes():
+                self._add(key, st.nbytes() - entry.nbytes)
+
+    def _storage_resized(self, st: torch.UntypedStorage) -> None:
+        entry = self._live.get(st._cdata)
+        if entry is None:
+            self._see(torch.empty(0, device=st.device).set_(st))
+        elif entry.nbytes != st.nbytes():
+            self._add(st._cdata, st.nbytes() - entry.nbytes)
+
+    def _add(self, key: int, delta: int) -> None:
+        entry = self._live[key]
+        entry.nbytes += delta
+        self.current_bytes += delta
+        cat = entry.category
+        self.by_category[cat] += delta
+        if self.by_category[cat] > self.peak_by_category[cat]:
+            self.peak_by_category[cat] = self.by_category[cat]
+        if self.current_bytes > self.peak_bytes:
+            self.peak_bytes = self.current_bytes
+            self._classify_sources()
+            self.at_peak = dict(self.by_category)
+
+    def _forget(self, key: int) -> None:
+        entry = self._live.pop(key, None)
+        if entry is not None:
+            self.current_bytes -= entry.nbytes
+            self.by_category[entry.category] -= entry.nbytes
+
+    def _set_category(self, t: torch.Tensor, category: str) -> None:
+        for inner in _plain_tensors(t):
+            if inner.device.type == "meta":
+                continue
+            entry = self._live.get(inner.untyped_storage()._cdata)
+            if entry is None:
+                self._see(inner, category)
+            elif entry.category != category:
+                self.by_category[entry.category] -= entry.nbytes
+                entry.category = category
+                self.by_category[category] += entry.nbytes
+                self.peak_by_category[category] = max(self.peak_by_category[category],
+                                                      self.by_category[category])
+
+    def _classify_sources(self) -> None:
+        if not self.active or self._classifying:
+            return
+        self._classifying = True
+        try:
+            for source in self.sources:
+                for category, tensors in categories_of(source).items():
+                    for t in tensors:
+                        if t is not None:
+                            self._set_category(t, category)
+        finally:
+            self._classifying = False
+
+
+def categories_of(source) -> dict[str, list[torch.Tensor]]:
+    """The tensors ``source`` owns, by memory category (see the module docstring)."""
+    if hasattr(source, "memory_categories"):
+        return source.memory_categories()
+    if isinstance(source, torch.nn.Module):
+        params = list(source.parameters())
+        return {"params": params, "grads": [p.grad for p in params]}
+    if isinstance(source, torch.optim.Optimizer):
+        return {"optimizer_state": [v for state in source.state.values()
+                                    for v in state.values() if isinstance(v, torch.Tensor)]}
+    raise TypeError(f"track_memory: cannot tell the memory categories of a "
+                    f"{type(source).__name__}; pass an nn.Module, an optimizer, or an object "
+                    f"with a memory_categories() method")
+
+
+def _plain_tensors(t: torch.Tensor):
+    """The plain tensors holding ``t``'s data (a DTensor's local shard, for instance)."""
+    if type(t) in (torch.Tensor, torch.nn.Parameter) or not hasattr(t, "__tensor_flatten__"):
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    return [x for name in names for x in _plain_tensors(getattr(t, name))]
+
+
+class _SeeOutputs(TorchDispatchMode):
+    def __init__(self, tracker: MemoryTracker):
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.tracker._see(leaf)
+        return out
+
+
+@contextlib.contextmanager
+def track_memory(*sources):
+    """Count live tensor bytes of this process, by category, while the block runs.
+
+    Example (one rank of FSDP at world size 4, a 1000-parameter model in fp32 with Adam)::
+
+        with track_memory(model, optimizer) as mem:
+            loss = model(x).sum(); loss.backward(); optimizer.step()
+        mem.peak_bytes                        # highest total seen in the block
+        mem.peak_by_category["params"]        # 1000/4 x 4 B = 1000 B: the shard, not the model
+        mem.at_peak                           # breakdown at the moment of the peak
+
+    Note: only one tracker can be active in a process (it patches ``UntypedStorage.resize_``).
+    """
+    tracker = MemoryTracker(sources=sources)
+    original_resize = torch.UntypedStorage.resize_
+    if getattr(original_resize, "_fsdp_mini_tracker", False):
+        raise RuntimeError("track_memory is already active in this process; nest the work in "
+                           "the outer block instead of opening a second one")
+
+    def resize_(storage, size):
+        result = original_resize(storage, size)
+        tracker._storage_resized(storage)
+        return result
+
+    resize_._fsdp_mini_tracker = True
+    _count_existing_tensors(tracker)
+    tracker.active = True
+    tracker.reset_peak()
+    torch.UntypedStorage.resize_ = resize_
+    try:
+        with _SeeOutputs(tracker):
+            yield tracker
+    finally:
+        torch.UntypedStorage.resize_ = original_resize
+        tracker._classify_sources()
+        tracker.active = False
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            tracker.cuda = {"allocated_bytes": torch.cuda.memory_allocated(),
+                            "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+                            "reserved_bytes": torch.cuda.memory_reserved()}
+
+
+def _count_existing_tensors(tracker: MemoryTracker) -> None:
+    # Note: ``type(obj)`` rather than ``isinstance``: some module-level objects warn or import
+    # lazily when their ``__class__`` is asked for.
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor):
+            try:
+                tracker._see(obj)
+            except (RuntimeError, NotImplementedError):
+                pass  # tensors without storage (sparse, functional wrappers)

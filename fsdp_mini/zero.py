@@ -1,0 +1,149 @@
+"""ZeRO-1 and ZeRO-2: shard the optimizer state (and the gradients), keep full parameters.
+
+Trainable parameters are packed into flat buckets, each padded to a multiple of N and split into N
+shards. Rank r *owns* shard r of every bucket: only it keeps optimizer state for those elements
+and only it updates them.
+
+One step, per bucket, N = 2, a bucket of 4 elements::
+
+    backward             rank0 grad [1 2 3 4]         rank1 grad [5 6 7 8]
+    reduce-scatter, /N   rank0 owns [3 4]             rank1 owns [5 6]      (mean of both ranks)
+    optimizer step       rank0 updates params[0:2]    rank1 updates params[2:4]
+    all-gather params    both ranks hold all 4 updated parameters again
+
+Traffic per step: reduce-scatter Ψ + all-gather Ψ = 2(N-1)/N x 4Ψ bytes, the same as DDP.
+Memory per rank (fp32, Adam):
+    zero1  params 4Ψ + full grads 4Ψ + Adam 8Ψ/N    (gradients stay full, as in DDP)
+    zero2  params 4Ψ + grad shard 4Ψ/N + Adam 8Ψ/N  (a bucket's full gradients are freed as soon
+                                                     as the bucket has been reduce-scattered)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .buckets import BucketScheduler, grad_or_zeros, grad_ready_order, split_into_buckets
+from .comm import Comm, Handle
+from .ddp import broadcast_module_states
+from .flat import FlatLayout, ParamSlot
+from .memory import allocating
+
+
+class ZeroBucket:
+    """A flat, padded buffer holding some parameters, and this rank's shard of it."""
+
+    def __init__(self, params: list[nn.Parameter], comm: Comm):
+        self.params = params
+        self.layout = FlatLayout([ParamSlot(p, [], []) for p in params], comm.world_size)
+        with torch.no_grad(), allocating("params"):
+            self.flat = self.layout.flatten([p.detach() for p in params])
+        for p, view in zip(params, self.layout.views(self.flat)):
+            p.data = view  # the module's parameters now live inside the bucket
+        start, end = self.layout.shard_range(comm.rank)
+        self.shard = nn.Parameter(self.flat[start:end])  # shares storage with the bucket
+
+
+class Zero:
+    """ZeRO stage 1 (``shard_grads=False``) or 2 (``shard_grads=True``) state of a module."""
+
+    def __init__(self, module: nn.Module, comm: Comm, shard_grads: bool, bucket_mb: float = 25.0,
+                 recorder=None):
+        if bucket_mb <= 0:
+            raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
+        self.module, self.comm, self.recorder = module, comm, recorder
+        self.shard_grads = shard_grads
+        self.strategy = "zero2" if shard_grads else "zero1"
+        broadcast_module_states(module, comm)
+        groups = split_into_buckets(grad_ready_order(module), int(bucket_mb * 2**20))
+        self.buckets = [ZeroBucket(params, comm) for params in groups]
+        self._in_flight: dict[int, tuple[torch.Tensor, torch.Tensor, Handle]] = {}
+        self.scheduler = BucketScheduler(groups, self._reduce_scatter_bucket, self._finish)
+
+    def _reduce_scatter_bucket(self, i: int) -> None:
+        bucket = self.buckets[i]
+        with torch.no_grad():
+            with allocating("comm_buffers"):
+                full = bucket.layout.flatten([grad_or_zeros(p) for p in bucket.params])
+            with allocating("grads"):
+                mine = torch.empty(bucket.layout.shard_numel, dtype=full.dtype, device=full.device)
+        handle = self.comm.reduce_scatter(mine, full, label=f"bucket{i}", async_op=True)
+        self._in_flight[i] = (full, mine, handle)
+        if self.shard_grads:
+            for p in bucket.params:  # ZeRO-2: the full gradient is no longer needed
+                p.grad = None
+
+    def _finish(self) -> None:
+        """End of backward: each rank keeps the averaged gradient of the shards it owns."""
+        for i, (_, mine, handle) in sorted(self._in_flight.items()):
+            handle.wait()
+            mine.div_(self.comm.world_size)
+            shard = self.buckets[i].shard
+            if self.shard_grads and shard.grad is not None:
+                shard.grad.add_(mine)  # ZeRO-2 accumulates micro-batches in the shard
+            else:
+                # ZeRO-1 keeps full local grads that accumulate by themselves: overwrite.
+                shard.grad = mine
+        self._in_flight.clear()
+        if self.recorder is not None:
+            self.recorder.mark(f"{self.strategy}/backward_end")
+
+    def all_gather_params(self) -> None:
+        """After the step: every rank gets every bucket's updated parameters."""
+        for i, bucket in enumerate(self.buckets):
+            self.comm.all_gather(bucket.flat, bucket.shard.detach(), label=f"bucket{i}")
+
+    def memory_categories(self) -> dict[str, list[torch.Tensor]]:
+        params = [p for p in self.module.parameters()]
+        return {"params": [b.flat for b in self.buckets] + params,
+                "grads": [p.grad for p in params] + [b.shard.grad for b in self.buckets],
+                "comm_buffers": [full for full, _, _ in self._in_flight.values()]}
+
+    def padded_numel(self) -> int:
+        return sum(b.layout.padded_numel for b in self.buckets)
+
+
+class ShardedOptimizer:
+    """A torch optimizer over this rank's shards, followed by an all-gather of the parameters.
+
+    Used exactly like the optimizer it wraps: ``step()``, ``zero_grad()``, ``param_groups``,
+    ``state_dict()`` (this rank's shard of the state).
+    """
+
+    def __init__(self, zero: Zero, optimizer: torch.optim.Optimizer):
+        self.zero, self.optimizer = zero, optimizer
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = self.optimizer.step(closure)
+        self.zero.all_gather_params()
+        if self.zero.recorder is not None:
+            self.zero.recorder.mark(f"{self.zero.strategy}/step_end")
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none)
+        for p in self.zero.module.parameters():
+            p.grad = None
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def memory_categories(self) -> dict[str, list[torch.Tensor]]:
+        return {"optimizer_state": [v for s in self.optimizer.state.values()
+                                    for v in s.values() if isinstance(v, torch.Tensor)]}
+
+    def __repr__(self) -> str:
+        return f"ShardedOptimizer({self.zero.strategy}, {self.optimizer!r})"
+
