@@ -58,7 +58,6 @@ class FlatShard:
             self._storage = torch.empty_like(full).untyped_storage()
         self._full_nbytes = self._storage.nbytes()
         self._storage.resize_(0)
-        self.in_flight = 0  # gathered leaves whose gradient has not come back yet
 
     @property
     def is_gathered(self) -> bool:
@@ -78,18 +77,19 @@ class FlatShard:
     def reshard(self) -> None:
         self._storage.resize_(0)
 
-    def use_in_forward(self, on_grad) -> None:
+    def use_in_forward(self, unit: "Unit") -> None:
         """Point the modules' attributes at views of the gathered buffer for this forward.
 
-        With grad enabled the views come out of one leaf tensor through :class:`_Unflatten`, so
-        backward delivers the unit's gradient as one flat tensor and calls ``on_grad(leaf)``.
+        With grad enabled the views come out of one leaf tensor through :class:`_Unflatten`:
+        once the unit's backward is over it calls ``unit.backward_done()``, then autograd hands
+        the unit's gradient, as one flat tensor, to ``unit.post_backward(leaf)``.
         """
         full = self._gathered()
         if self.shard.requires_grad and torch.is_grad_enabled():
             full.requires_grad_(True)
-            full.register_post_accumulate_grad_hook(on_grad)
-            self.in_flight += 1
-            views = _Unflatten.apply(full, self.layout)
+            full.register_post_accumulate_grad_hook(unit.post_backward)
+            unit.in_flight += 1
+            views = _Unflatten.apply(full, self.layout, unit.backward_done)
         else:
             views = self.layout.views(full)
         for slot, view in zip(self.layout.slots, views):
@@ -99,17 +99,23 @@ class FlatShard:
 
 class _Unflatten(torch.autograd.Function):
     """Forward: the flat buffer -> one view per parameter. Backward: the gradients -> one flat
-    gradient, ready to reduce-scatter (autograd calls it once all of the unit's grads exist)."""
+    gradient, ready to reduce-scatter.
+
+    Note: autograd runs this backward only once *every* gradient of the unit's parameters
+    exists, i.e. once the unit's backward is over: the moment to free the gathered parameters,
+    before the flat gradient is allocated.
+    """
 
     @staticmethod
-    def forward(ctx, flat, layout):
-        ctx.layout = layout
+    def forward(ctx, flat, layout, backward_done):
+        ctx.layout, ctx.backward_done = layout, backward_done
         return tuple(layout.views(flat))
 
     @staticmethod
     def backward(ctx, *grads):
+        ctx.backward_done()
         with allocating("comm_buffers"):
-            return ctx.layout.flatten(list(grads)), None
+            return ctx.layout.flatten(list(grads)), None, None
 
 
 class Unit:
@@ -119,6 +125,7 @@ class Unit:
                  reshard_after_forward: bool):
         self.fsdp, self.module, self.name = fsdp, module, name or "root"
         self.reshard_after_forward = reshard_after_forward
+        self.in_flight = 0  # forwards with grad whose backward has not finished yet
         self.groups: list[FlatShard] = []
         for trainable, suffix in ((True, ""), (False, "[frozen]")):
             mine = [s for s in slots if s.param.requires_grad == trainable]
@@ -138,7 +145,7 @@ class Unit:
     def pre_forward(self, module, args) -> None:
         for group in self.groups:
             group.unshard("forward")
-            group.use_in_forward(self.post_backward)
+            group.use_in_forward(self)
         self.fsdp.mark(f"{self.name}/gathered")
 
     def post_forward(self, module, args, output) -> None:
@@ -158,14 +165,19 @@ class Unit:
         for group in self.groups:
             group.unshard("backward")
 
+    def backward_done(self) -> None:
+        """The unit's backward is over: free it, and finish the previous unit's reduce-scatter
+        (it overlapped with this unit's backward) before this unit's flat gradient is made."""
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.reshard()
+        self.fsdp.collect_grads()
+
     def post_backward(self, leaf: torch.Tensor) -> None:
-        """The unit's flat gradient is complete: reduce-scatter it and free the gathered unit."""
+        """The unit's flat gradient is complete: reduce-scatter it; each rank keeps its shard."""
         group = next(g for g in self.groups if g.shard.requires_grad)
         flat_grad, leaf.grad = leaf.grad, None
-        group.in_flight -= 1
         self.fsdp.reduce_scatter_grad(group, flat_grad)
-        if group.in_flight == 0:
-            self.reshard()
         self.fsdp.mark(f"{self.name}/backward_done")
 
     def reshard(self) -> None:
@@ -208,8 +220,12 @@ class FSDP:
                                           async_op=True)
         self._pending.append((group, flat_grad, mine, handle))
 
-    def _backward_end(self) -> None:
-        """Autograd has finished: collect every shard's gradient, free every unit."""
+    def collect_grads(self) -> None:
+        """Wait for the reduce-scatters in flight; each shard keeps its averaged gradient.
+
+        Note: called as soon as the next unit's backward is over, so at most one unit's flat
+        gradient waits at a time; keeping them all until the end would cost a whole model.
+        """
         with torch.no_grad():
             for group, _, mine, handle in self._pending:
                 handle.wait()
@@ -219,10 +235,13 @@ class FSDP:
                 else:
                     group.shard.grad.add_(mine)  # gradient accumulation over micro-batches
         self._pending.clear()
+
+    def _backward_end(self) -> None:
+        """Autograd has finished: collect the last gradients, free every unit."""
+        self.collect_grads()
         for unit in self.units:
             unit.reshard()
-            for group in unit.groups:
-                group.in_flight = 0
+            unit.in_flight = 0
         self._backward_queued = False
         self.mark("backward_end")
 
@@ -245,6 +264,7 @@ class FSDP:
     def memory_categories(self) -> dict[str, list[torch.Tensor]]:
         groups = [g for u in self.units for g in u.groups]
         return {"params": [g.shard for g in groups],
+                "gathered_params": [g._storage for g in groups],
                 "grads": [g.shard.grad for g in groups] + [m for _, _, m, _ in self._pending],
                 "comm_buffers": [fg for _, fg, _, _ in self._pending]}
 

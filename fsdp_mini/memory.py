@@ -20,7 +20,7 @@ Categories
     ``comm_buffers``     buffers that only exist to be sent or received (buckets, flat grads)
     ``activations``      everything else: activations saved for backward and temporaries
 
-A tensor gets its category in one of two ways: code that allocates it says so
+A storage gets its category in one of two ways: code that allocates it says so
 (``with allocating("comm_buffers"): ...``, which the engine does), or one of the *sources* passed
 to ``track_memory`` claims it: an object with a ``memory_categories()`` method (fsdp_mini's
 wrapped models and optimizers), a plain ``nn.Module`` (its parameters and their gradients) or a
@@ -86,6 +86,8 @@ class MemoryTracker:
     by_category: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     peak_by_category: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     at_peak: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    entry_bytes: int = 0
+    entry_by_category: dict[str, int] = field(default_factory=dict)
     snapshots: list[Snapshot] = field(default_factory=list)
     cuda: dict[str, int] = field(default_factory=dict)
     active: bool = False
@@ -112,17 +114,29 @@ class MemoryTracker:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.reset_peak_memory_stats()
 
+    @property
+    def own_peak_bytes(self) -> int:
+        """Peak minus the bytes that were alive at entry and no source claimed: the peak this
+        block's work and its sources would reach in a process holding nothing else. Use it to
+        compare two models living side by side in one process."""
+        return self.peak_bytes - self.entry_by_category.get(OTHER, 0)
+
+    @property
+    def own_peak_by_category(self) -> dict[str, int]:
+        """``peak_by_category`` with the unclaimed bytes alive at entry taken out of
+        ``activations``, as in :attr:`own_peak_bytes`."""
+        own = dict(self.peak_by_category)
+        own[OTHER] -= self.entry_by_category.get(OTHER, 0)
+        return own
+
     def category_bytes(self) -> dict[str, int]:
         self._classify_sources()
         return dict(self.by_category)
 
     # -- bookkeeping ----------------------------------------------------------------------------
 
-    def _see(self, t: torch.Tensor, category: str | None = None) -> None:
-        for inner in _plain_tensors(t):
-            if inner.device.type == "meta":
-                continue
-            st = inner.untyped_storage()
+    def _see(self, t, category: str | None = None) -> None:
+        for st in _storages(t):
             key = st._cdata
             entry = self._live.get(key)
             if entry is None:
@@ -136,7 +150,7 @@ class MemoryTracker:
     def _storage_resized(self, st: torch.UntypedStorage) -> None:
         entry = self._live.get(st._cdata)
         if entry is None:
-            self._see(torch.empty(0, device=st.device).set_(st))
+            self._see(st)
         elif entry.nbytes != st.nbytes():
             self._add(st._cdata, st.nbytes() - entry.nbytes)
 
@@ -159,13 +173,11 @@ class MemoryTracker:
             self.current_bytes -= entry.nbytes
             self.by_category[entry.category] -= entry.nbytes
 
-    def _set_category(self, t: torch.Tensor, category: str) -> None:
-        for inner in _plain_tensors(t):
-            if inner.device.type == "meta":
-                continue
-            entry = self._live.get(inner.untyped_storage()._cdata)
+    def _set_category(self, t, category: str) -> None:
+        for st in _storages(t):
+            entry = self._live.get(st._cdata)
             if entry is None:
-                self._see(inner, category)
+                self._see(st, category)
             elif entry.category != category:
                 self.by_category[entry.category] -= entry.nbytes
                 entry.category = category
@@ -202,12 +214,16 @@ def categories_of(source) -> dict[str, list[torch.Tensor]]:
                     f"with a memory_categories() method")
 
 
-def _plain_tensors(t: torch.Tensor):
-    """The plain tensors holding ``t``'s data (a DTensor's local shard, for instance)."""
+def _storages(t) -> list[torch.UntypedStorage]:
+    """The storages holding a tensor's data (a DTensor's local shard, for instance), or the
+    storage itself when given one."""
+    if isinstance(t, torch.UntypedStorage):
+        return [t] if t.device.type != "meta" else []
     if type(t) in (torch.Tensor, torch.nn.Parameter) or not hasattr(t, "__tensor_flatten__"):
-        return [t]
+        return [t.untyped_storage()] if t.device.type != "meta" else []
     names, _ = t.__tensor_flatten__()
-    return [x for name in names for x in _plain_tensors(getattr(t, name))]
+    inner = [getattr(t, name) for name in names]
+    return [st for i in inner if isinstance(i, torch.Tensor) for st in _storages(i)]
 
 
 class _SeeOutputs(TorchDispatchMode):
@@ -252,6 +268,7 @@ def track_memory(*sources):
     _count_existing_tensors(tracker)
     tracker.active = True
     tracker.reset_peak()
+    tracker.entry_bytes, tracker.entry_by_category = tracker.current_bytes, dict(tracker.by_category)
     torch.UntypedStorage.resize_ = resize_
     try:
         with _SeeOutputs(tracker):
@@ -270,7 +287,7 @@ def _count_existing_tensors(tracker: MemoryTracker) -> None:
     # Note: ``type(obj)`` rather than ``isinstance``: some module-level objects warn or import
     # lazily when their ``__class__`` is asked for.
     for obj in gc.get_objects():
-        if issubclass(type(obj), torch.Tensor):
+        if issubclass(type(obj), (torch.Tensor, torch.UntypedStorage)):
             try:
                 tracker._see(obj)
             except (RuntimeError, NotImplementedError):

@@ -13,9 +13,11 @@ One step, per bucket, N = 2, a bucket of 4 elements::
 
 Traffic per step: reduce-scatter Ψ + all-gather Ψ = 2(N-1)/N x 4Ψ bytes, the same as DDP.
 Memory per rank (fp32, Adam):
-    zero1  params 4Ψ + full grads 4Ψ + Adam 8Ψ/N    (gradients stay full, as in DDP)
-    zero2  params 4Ψ + grad shard 4Ψ/N + Adam 8Ψ/N  (a bucket's full gradients are freed as soon
-                                                     as the bucket has been reduce-scattered)
+    zero1  params 4Ψ + full grads 4Ψ + Adam 8Ψ/N    gradients accumulate in a full flat buffer,
+                                                     reduce-scattered by optimizer.step()
+    zero2  params 4Ψ + grad shard 4Ψ/N + Adam 8Ψ/N  each bucket is reduce-scattered during
+                                                     backward, as soon as its gradients are
+                                                     ready, and its full gradients are freed
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from .memory import allocating
 
 
 class ZeroBucket:
-    """A flat, padded buffer holding some parameters, and this rank's shard of it."""
+    """A flat, padded buffer holding some parameters, and this rank's shard of it. With
+    ``flat_grad``, the parameters' gradients live in a second flat buffer of the same layout."""
 
-    def __init__(self, params: list[nn.Parameter], comm: Comm):
+    def __init__(self, params: list[nn.Parameter], comm: Comm, flat_grad: bool):
         self.params = params
         self.layout = FlatLayout([ParamSlot(p, [], []) for p in params], comm.world_size)
         with torch.no_grad(), allocating("params"):
@@ -42,6 +45,22 @@ class ZeroBucket:
             p.data = view  # the module's parameters now live inside the bucket
         start, end = self.layout.shard_range(comm.rank)
         self.shard = nn.Parameter(self.flat[start:end])  # shares storage with the bucket
+        self.flat_grad = None
+        if flat_grad:
+            with allocating("grads"):
+                self.flat_grad = torch.zeros_like(self.flat)
+            self.adopt_grads()
+
+    def adopt_grads(self) -> None:
+        """Make every ``p.grad`` a view of ``flat_grad`` (autograd then accumulates in place).
+        A gradient someone replaced (``model.zero_grad()`` sets them to None) is copied back."""
+        with torch.no_grad():
+            for p, view in zip(self.params, self.layout.views(self.flat_grad)):
+                if p.grad is None:
+                    view.zero_()
+                elif p.grad.data_ptr() != view.data_ptr():
+                    view.copy_(p.grad)
+                p.grad = view
 
 
 class Zero:
@@ -56,37 +75,56 @@ class Zero:
         self.strategy = "zero2" if shard_grads else "zero1"
         broadcast_module_states(module, comm)
         groups = split_into_buckets(grad_ready_order(module), int(bucket_mb * 2**20))
-        self.buckets = [ZeroBucket(params, comm) for params in groups]
+        self.buckets = [ZeroBucket(params, comm, flat_grad=not shard_grads) for params in groups]
         self._in_flight: dict[int, tuple[torch.Tensor, torch.Tensor, Handle]] = {}
-        self.scheduler = BucketScheduler(groups, self._reduce_scatter_bucket, self._finish)
+        if shard_grads:
+            self.scheduler = BucketScheduler(groups, self._reduce_scatter_bucket, self._finish)
+
+    # -- ZeRO-2: during backward ----------------------------------------------------------------
 
     def _reduce_scatter_bucket(self, i: int) -> None:
         bucket = self.buckets[i]
-        with torch.no_grad():
-            with allocating("comm_buffers"):
-                full = bucket.layout.flatten([grad_or_zeros(p) for p in bucket.params])
-            with allocating("grads"):
-                mine = torch.empty(bucket.layout.shard_numel, dtype=full.dtype, device=full.device)
-        handle = self.comm.reduce_scatter(mine, full, label=f"bucket{i}", async_op=True)
-        self._in_flight[i] = (full, mine, handle)
-        if self.shard_grads:
-            for p in bucket.params:  # ZeRO-2: the full gradient is no longer needed
-                p.grad = None
+        with torch.no_grad(), allocating("comm_buffers"):
+            full = bucket.layout.flatten([grad_or_zeros(p) for p in bucket.params])
+        self._launch(i, full)
+        for p in bucket.params:  # the full gradients are no longer needed
+            p.grad = None
 
     def _finish(self) -> None:
         """End of backward: each rank keeps the averaged gradient of the shards it owns."""
-        for i, (_, mine, handle) in sorted(self._in_flight.items()):
-            handle.wait()
-            mine.div_(self.comm.world_size)
+        for i, mine in self._wait_all():
             shard = self.buckets[i].shard
-            if self.shard_grads and shard.grad is not None:
-                shard.grad.add_(mine)  # ZeRO-2 accumulates micro-batches in the shard
-            else:
-                # ZeRO-1 keeps full local grads that accumulate by themselves: overwrite.
+            if shard.grad is None:
                 shard.grad = mine
-        self._in_flight.clear()
+            else:
+                shard.grad.add_(mine)  # gradient accumulation over micro-batches
         if self.recorder is not None:
             self.recorder.mark(f"{self.strategy}/backward_end")
+
+    # -- ZeRO-1: at the optimizer step ----------------------------------------------------------
+
+    def reduce_scatter_grads(self) -> None:
+        """Every bucket's accumulated gradient, reduce-scattered: shard.grad = this rank's part."""
+        for i, bucket in enumerate(self.buckets):
+            bucket.adopt_grads()
+            self._launch(i, bucket.flat_grad)
+        for i, mine in self._wait_all():
+            self.buckets[i].shard.grad = mine
+
+    # -- both -----------------------------------------------------------------------------------
+
+    def _launch(self, i: int, full: torch.Tensor) -> None:
+        with allocating("grads"):
+            mine = torch.empty(self.buckets[i].layout.shard_numel, dtype=full.dtype,
+                               device=full.device)
+        handle = self.comm.reduce_scatter(mine, full, label=f"bucket{i}", async_op=True)
+        self._in_flight[i] = (full, mine, handle)
+
+    def _wait_all(self):
+        for i, (_, mine, handle) in sorted(self._in_flight.items()):
+            handle.wait()
+            yield i, mine.div_(self.comm.world_size)
+        self._in_flight.clear()
 
     def all_gather_params(self) -> None:
         """After the step: every rank gets every bucket's updated parameters."""
@@ -96,7 +134,8 @@ class Zero:
     def memory_categories(self) -> dict[str, list[torch.Tensor]]:
         params = [p for p in self.module.parameters()]
         return {"params": [b.flat for b in self.buckets] + params,
-                "grads": [p.grad for p in params] + [b.shard.grad for b in self.buckets],
+                "grads": [p.grad for p in params] + [b.shard.grad for b in self.buckets]
+                + [b.flat_grad for b in self.buckets],
                 "comm_buffers": [full for full, _, _ in self._in_flight.values()]}
 
     def padded_numel(self) -> int:
@@ -115,16 +154,26 @@ class ShardedOptimizer:
 
     @torch.no_grad()
     def step(self, closure=None):
+        if not self.zero.shard_grads:
+            self.zero.reduce_scatter_grads()
         loss = self.optimizer.step(closure)
+        if not self.zero.shard_grads:
+            for b in self.zero.buckets:
+                b.shard.grad = None  # ZeRO-1 keeps the full gradients, not a second copy
         self.zero.all_gather_params()
         if self.zero.recorder is not None:
             self.zero.recorder.mark(f"{self.zero.strategy}/step_end")
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients. ZeRO-1's live in a flat buffer, which is zeroed, not freed."""
         self.optimizer.zero_grad(set_to_none)
-        for p in self.zero.module.parameters():
-            p.grad = None
+        for b in self.zero.buckets:
+            if b.flat_grad is not None:
+                b.flat_grad.zero_()
+            else:
+                for p in b.params:
+                    p.grad = None
 
     @property
     def param_groups(self):

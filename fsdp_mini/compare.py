@@ -1,0 +1,162 @@
+"""The main job: train the tiny GPT under every strategy and set measurement beside theory.
+
+``fsdp-mini compare --world-size 4`` runs :func:`compare_on_rank` on 4 ranks. For each strategy
+every rank builds the same model, trains it for a few steps on its slice of the same global
+batches, and reports: peak tensor memory by category (one tracked step), the model state it keeps
+between steps, the bytes it sent per step, its median step time and its final loss. ``single``
+is the reference: rank 0 alone trains on the whole global batch.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from .api import STRATEGIES, expected_costs, parallelize
+from .memory import track_memory
+from .models import GPTConfig, SyntheticText, make_model
+
+PERSISTENT = ("params", "grads", "optimizer_state")
+
+
+@dataclass
+class CompareConfig:
+    strategies: tuple[str, ...] = STRATEGIES
+    steps: int = 8
+    warmup: int = 2
+    global_batch: int = 8
+    model: str = "default"  # or "tiny"
+    progress: bool = False
+
+    def gpt(self) -> GPTConfig:
+        return GPTConfig.tiny() if self.model == "tiny" else GPTConfig()
+
+    def __post_init__(self):
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        if unknown:
+            raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+        if self.steps < self.warmup + 2:
+            raise ValueError(f"steps must be at least warmup + 2 = {self.warmup + 2} (a timed "
+                             f"step and a memory-tracked step), got {self.steps}")
+        if self.model not in ("default", "tiny"):
+            raise ValueError(f"model must be 'default' or 'tiny', got {self.model!r}")
+
+
+@dataclass
+class RankResult:
+    rank: int
+    peak_bytes: int
+    peak_by_category: dict[str, int]
+    persistent_bytes: int
+    sent_bytes_per_step: float
+    step_seconds: float
+    final_loss: float
+    losses: list[float] = field(default_factory=list)
+
+
+def compare_on_rank(rank: int, world_size: int, config: CompareConfig) -> dict:
+    """Run every strategy on this rank; return {strategy: {"theory": …, "rank": RankResult}}."""
+    gpt = config.gpt()
+    data = SyntheticText(gpt.vocab_size, gpt.block_size)
+    out = {}
+    for i, strategy in enumerate(config.strategies):
+        if strategy == "single":
+            result = _run_single(rank, world_size, config, data) if rank == 0 else None
+            if world_size > 1:
+                dist.barrier()
+        else:
+            result = _run(strategy, rank, world_size, config, data)
+        if result is not None:
+            out[strategy] = result
+        if config.progress and rank == 0:
+            _progress_bar(i + 1, len(config.strategies), strategy)
+        gc.collect()
+    return out
+
+
+def _run_single(rank, world_size, config, data):
+    return _run("single", rank, 1, config, data, whole_batch=True)
+
+
+def _run(strategy, rank, world_size, config, data, whole_batch=False):
+    model = make_model(config.gpt())
+    model, optimizer = parallelize(model, strategy, units=list(model.blocks))
+    ledger = model.fsdp_mini.comm.ledger
+    times, losses, sent = [], [], 0.0
+    for step in range(config.steps):
+        ledger.next_step()
+        x, y = (data.batch(step, config.global_batch) if whole_batch else
+                data.local_batch(step, config.global_batch, rank, world_size))
+        tracked = step == config.steps - 1
+        start = time.perf_counter()
+        if tracked:
+            with track_memory(model, optimizer) as mem:
+                loss = _train_step(model, optimizer, x, y, mem)
+        else:
+            loss = _train_step(model, optimizer, x, y, None)
+            sent = ledger.sent_bytes(step=ledger.step)
+            if step >= config.warmup:
+                times.append(time.perf_counter() - start)
+        losses.append(loss)
+    persistent = sum(mem.snapshots[-1].by_category[c] for c in PERSISTENT)
+    theory = expected_costs(model)
+    result = RankResult(rank, mem.own_peak_bytes, mem.own_peak_by_category, persistent, sent,
+                        statistics.median(times), losses[-1], losses)
+    return {"theory": theory, "rank": result}
+
+
+def _train_step(model, optimizer, x, y, mem) -> float:
+    _, loss = model(x, y)
+    loss.backward()
+    optimizer.step()
+    if mem is not None:
+        mem.mark("after_step")  # model state kept between steps: params + grads + optimizer
+    optimizer.zero_grad()
+    return loss.item()
+
+
+def _progress_bar(done: int, total: int, name: str) -> None:
+    width = 30
+    filled = width * done // total
+    sys.stdout.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {name:<6}")
+    if done == total:
+        sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def gather_report(per_rank: list[dict], world_size: int, params: int) -> dict:
+    """Merge the ranks' results into the JSON report of ``fsdp-mini compare --json``."""
+    strategies = {}
+    for rank_out in per_rank:
+        for name, res in rank_out.items():
+            entry = strategies.setdefault(name, {"theory": res["theory"], "ranks": []})
+            entry["ranks"].append(asdict(res["rank"]))
+    return {"world_size": world_size, "params": params, "strategies": strategies}
+
+
+def format_table(report: dict) -> str:
+    """One table: per strategy and rank, memory by category, bytes, time, loss."""
+    cats = ("params", "gathered_params", "grads", "optimizer_state", "comm_buffers", "activations")
+    short = ("param", "gathr", "grads", "optim", "comm", "activ")
+    head = (f"{'strategy':<8} {'rank':>4} {'peak MiB':>9} " + " ".join(f"{s:>6}" for s in short)
+            + f" {'state MiB':>9} {'theory':>7} {'sent MiB/step':>13} {'theory':>7}"
+            f" {'step ms':>8} {'loss':>7}")
+    lines = [head, "-" * len(head)]
+    for name, entry in report["strategies"].items():
+        th = entry["theory"]
+        for r in entry["ranks"]:
+            cat_mib = " ".join(f"{r['peak_by_category'][c] / 2**20:6.2f}" for c in cats)
+            lines.append(
+                f"{name:<8} {r['rank']:>4} {r['peak_bytes'] / 2**20:9.2f} {cat_mib}"
+                f" {r['persistent_bytes'] / 2**20:9.2f} {th['persistent_bytes'] / 2**20:7.2f}"
+                f" {r['sent_bytes_per_step'] / 2**20:13.3f} {th['sent_bytes_per_step'] / 2**20:7.3f}"
+                f" {r['step_seconds'] * 1e3:8.1f} {r['final_loss']:7.4f}")
+        losses = [r["final_loss"] for r in entry["ranks"]]
+        lines.append(f"{'':<8} {'mean':>4} final loss over ranks {sum(losses) / len(losses):.5f}")
+    return "\n".join(lines)

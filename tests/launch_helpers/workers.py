@@ -1,0 +1,66 @@
+"""Worker functions run by fsdp_mini.launch in tests: each is called as fn(rank, world_size, *args)."""
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def all_reduce_rank(rank, world_size, scale=1.0):
+    """Sum (rank + 1) * scale over ranks; return the tensor and some plain values; say hello."""
+    print(f"hello from rank {rank}")
+    os.write(2, f"fd-level stderr of rank {rank}\n".encode())  # like C++ code would
+    t = torch.full((4,), (rank + 1) * scale)
+    dist.all_reduce(t)
+    return {"rank": rank, "world_size": world_size, "sum": t, "env_rank": int(os.environ["RANK"]),
+            "threads": torch.get_num_threads()}
+
+
+def read_env(rank, world_size, name):
+    return os.environ.get(name)
+
+
+def fail_on(rank, world_size, bad_rank):
+    """bad_rank raises; the others wait in a collective and lose their peer."""
+    print(f"rank {rank} starting")
+    if rank == bad_rank:
+        time.sleep(0.3)  # let the peers enter the collective first
+        raise ValueError(f"rank {rank} exploded on purpose")
+    dist.all_reduce(torch.ones(2))
+
+
+def die_on(rank, world_size, bad_rank, how):
+    """bad_rank dies without a Python exception (SIGKILL or os._exit(3)) while peers wait."""
+    if rank == bad_rank:
+        time.sleep(0.3)
+        if how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(3)
+    dist.all_reduce(torch.ones(2))
+
+
+def sleep_forever(rank, world_size):
+    time.sleep(1e6)
+
+
+def hang_on(rank, world_size, bad_rank):
+    """bad_rank never reaches the collective that the other ranks wait in."""
+    if rank == bad_rank:
+        sleep_forever(rank, world_size)
+    dist.all_reduce(torch.ones(2))
+
+
+def straggle(rank, world_size):
+    """Rank 0 returns at once; rank 1 is stuck outside any collective."""
+    if rank == 1:
+        sleep_forever(rank, world_size)
+    return rank
+
+
+def record_pid_and_sleep(rank, world_size, pid_dir):
+    with open(os.path.join(pid_dir, f"{rank}.pid.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(pid_dir, f"{rank}.pid.tmp"), os.path.join(pid_dir, f"{rank}.pid"))
+    sleep_forever(rank, world_size)
+

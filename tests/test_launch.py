@@ -1,0 +1,285 @@
+"""Tests for fsdp_mini.launch (fsdp_mini/launcher.py): results by rank, failure reports, timeouts, output, notebooks, cleanup.
+
+Every test also checks (autouse fixture) that no child process of pytest is left behind.
+"""
+import _thread
+import glob
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+
+from fsdp_mini.launcher import LaunchError, LaunchTimeoutError, launch, run_with_torchrun
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_DIR = os.path.dirname(TESTS_DIR)
+sys.path.insert(0, TESTS_DIR)
+from launch_helpers import workers  # noqa: E402  (importable, so pickled by reference)
+
+
+# ---------------------------------------------------------------- no process left behind
+def _children(pid):
+    """Child pids of pid (zombies included: a child not yet reaped is still left behind)."""
+    kids = []
+    for path in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            with open(path) as f:
+                kids += [int(k) for k in f.read().split()]
+        except FileNotFoundError:
+            pass
+    return sorted(set(kids))
+
+
+def _describe(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f"{pid}: " + f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return f"{pid}: ?"
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs /proc to check for leftover processes")
+    before = set(_children(os.getpid()))
+    yield
+    deadline = time.monotonic() + 5.0  # a Jupyter kernel may take a moment to be reaped
+    while (left := set(_children(os.getpid())) - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, "processes left behind: " + "; ".join(map(_describe, sorted(left)))
+
+
+@pytest.fixture
+def own_tempdir(tmp_path, monkeypatch):
+    """Make launch's temporary folders land in tmp_path, to see whether they are removed."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+# ---------------------------------------------------------------- results
+def test_results_by_rank_with_tensors_and_output(tmp_path, capsys):
+    results = launch(workers.all_reduce_rank, 3, 2.0, log_dir=tmp_path)
+    assert [r["rank"] for r in results] == [0, 1, 2]
+    for r in results:
+        assert r["world_size"] == 3 and r["env_rank"] == r["rank"] and r["threads"] == 1
+        assert torch.equal(r["sum"], torch.full((4,), 12.0))  # (1 + 2 + 3) * 2
+    # rank 0's output (Python and file-descriptor level) is echoed; the others' stays in their logs
+    out = capsys.readouterr().out
+    assert "hello from rank 0" in out and "fd-level stderr of rank 0" in out
+    assert "rank 1" not in out and "rank 2" not in out
+    log1 = (tmp_path / "rank1.log").read_text()
+    assert "hello from rank 1" in log1 and "fd-level stderr of rank 1" in log1
+    assert "Warning" not in log1, log1  # e.g. runpy: fsdp_mini._rank_entry imported twice
+    assert "hello from rank 0" in (tmp_path / "rank0.log").read_text()
+    assert not list(tmp_path.glob("*.result"))  # logs kept, results removed
+
+
+def test_two_launches_in_a_row_world_size_one_then_two(own_tempdir):
+    [result] = launch(workers.all_reduce_rank, 1, 5.0)
+    assert torch.equal(result["sum"], torch.full((4,), 5.0))
+    # a fresh store on a fresh port: re-running a notebook cell works
+    assert launch(workers.read_env, 2, "FSDP_MINI_TEST", env={"FSDP_MINI_TEST": "yes"}) == ["yes", "yes"]
+    assert os.listdir(own_tempdir) == []  # temporary folders are removed after success
+
+
+# ---------------------------------------------------------------- failures
+def test_raising_rank_is_named_not_its_peers(tmp_path):
+    with pytest.raises(LaunchError) as info:
+        launch(workers.fail_on, 3, 1, log_dir=tmp_path, timeout=30)
+    err = info.value
+    assert (err.rank, err.exc_type) == (1, "ValueError")
+    assert err.message == "rank 1 exploded on purpose"
+    assert "in fail_on" in err.traceback and 'raise ValueError(f"rank {rank} exploded' in err.traceback
+    text = str(err)
+    assert text.startswith("rank 1 failed first: ValueError: rank 1 exploded on purpose")
+    assert "rank 1 starting" in text  # the tail of rank 1's log
+    assert "closed by peer" not in text and "reset by peer" not in text
+    assert err.log_dir == str(tmp_path) and str(tmp_path) in text
+    assert "exploded" in (tmp_path / "rank1.log").read_text()
+
+
+@pytest.mark.parametrize("how, expected", [("sigkill", "rank 1 was killed by signal SIGKILL"),
+                                           ("exit", "rank 1 exited with code 3")])
+def test_rank_dying_without_exception_is_named(tmp_path, how, expected):
+    with pytest.raises(LaunchError) as info:
+        launch(workers.die_on, 2, 1, how, log_dir=tmp_path, timeout=30)
+    assert info.value.rank == 1
+    assert expected in str(info.value) and expected in info.value.message
+    assert not isinstance(info.value, LaunchTimeoutError)
+
+
+@pytest.mark.slow
+def test_hung_rank_times_out(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeoutError) as info:
+        launch(workers.hang_on, 2, 1, timeout=3, log_dir=tmp_path)
+    elapsed = time.monotonic() - start
+    assert elapsed < 3 + 10, elapsed
+    err = info.value
+    assert isinstance(err, TimeoutError) and isinstance(err, LaunchError)
+    assert err.rank == 1
+    text = str(err)
+    assert "rank 0 timed out after 3 s waiting in a collective" in text
+    assert "rank 1 still running" in text
+    assert "sleep_forever" in text  # the stuck rank's Python stack, dumped when it was stopped
+
+
+@pytest.mark.slow
+def test_rank_stuck_outside_collectives_times_out(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeoutError, match="rank 1 still running"):
+        launch(workers.straggle, 2, timeout=2, log_dir=tmp_path)
+    assert time.monotonic() - start < 2 + 10
+
+
+def test_keyboard_interrupt_stops_ranks(tmp_path):
+    timer = threading.Timer(1.5, _thread.interrupt_main)
+    timer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch(workers.sleep_forever, 2, log_dir=tmp_path)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - start < 10
+
+
+def test_ranks_die_when_the_caller_is_killed(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{REPO_DIR!r}, {TESTS_DIR!r}]
+        from fsdp_mini.launcher import launch
+        from launch_helpers.workers import record_pid_and_sleep
+        launch(record_pid_and_sleep, 1, {str(tmp_path)!r}, timeout=60, log_dir={str(tmp_path / "logs")!r})
+    """)
+    caller = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 30
+        while not list(tmp_path.glob("*.pid")):
+            assert caller.poll() is None and time.monotonic() < deadline, "ranks did not start"
+            time.sleep(0.1)
+        pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    finally:
+        caller.kill()
+        caller.wait()
+    deadline = time.monotonic() + 5
+    while (alive := [p for p in pids if _is_alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive, f"ranks outlived their caller: {alive}"
+
+
+def _is_alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead
+    except FileNotFoundError:
+        return False
+
+
+# ---------------------------------------------------------------- bad input: fails before any process
+@pytest.mark.parametrize("world_size", [0, -1, 2.0, "2", True])
+def test_bad_world_size(world_size):
+    with pytest.raises((ValueError, TypeError), match=r"world_size must be an int >= 1") as info:
+        launch(workers.all_reduce_rank, world_size)
+    assert repr(world_size) in str(info.value) or str(world_size) in str(info.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_nccl_without_enough_gpus():
+    with pytest.raises(ValueError, match=r"world_size=2 but only 0 CUDA device\(s\).*backend=\"gloo\""):
+        launch(workers.all_reduce_rank, 2, backend="nccl")
+
+
+@pytest.mark.parametrize("kwargs, match", [({"backend": "mpi"}, "backend must be"),
+                                           ({"timeout": 0}, "timeout must be a positive"),
+                                           ({"timeout": -3}, "timeout must be a positive")])
+def test_bad_backend_or_timeout(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        launch(workers.all_reduce_rank, 2, **kwargs)
+
+
+def test_unpicklable_fn_or_args():
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"could not pickle fn .*lock.*module level"):
+        launch(lambda rank, ws: lock.locked(), 2)
+    with pytest.raises(TypeError, match=r"could not pickle args\[1\] \(generator\)"):
+        launch(workers.all_reduce_rank, 2, 1.0, (i for i in range(3)))
+
+
+# ---------------------------------------------------------------- the torchrun path
+def test_run_with_torchrun_in_process(monkeypatch):
+    """What one torchrun rank sees (env vars), with world size 1 in this very process."""
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(RuntimeError, match="torchrun"):
+        run_with_torchrun(workers.all_reduce_rank)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.setenv(k, "1" if k == "WORLD_SIZE" else "0")
+    result = run_with_torchrun(workers.all_reduce_rank, 3.0, backend="gloo", timeout=30)
+    assert result["world_size"] == 1 and torch.equal(result["sum"], torch.full((4,), 3.0))
+    assert not torch.distributed.is_initialized()  # destroyed again
+
+
+# ---------------------------------------------------------------- a function defined in a notebook
+NOTEBOOK_CELLS = [
+    f"""
+import os, sys
+sys.path.insert(0, {REPO_DIR!r})
+assert sys.prefix == {sys.prefix!r}, (sys.prefix, "the kernel must run pytest's interpreter")
+import torch, torch.distributed as dist
+import fsdp_mini
+from fsdp_mini import LaunchError
+""",
+    """
+def work(rank, ws):
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    print(f"cell rank {rank} sum {t.item()}")
+    return t.item() * 10 + rank
+
+results = fsdp_mini.launch(work, 2, timeout=60)
+assert results == [30.0, 31.0], results
+""",
+    """
+def broken(rank, ws):
+    raise KeyError("broken in a cell")
+
+try:
+    fsdp_mini.launch(broken, 1, timeout=60, log_dir="broken_logs")
+except LaunchError as e:
+    err = e
+assert err.exc_type == "KeyError" and 'raise KeyError("broken in a cell")' in err.traceback, str(err)
+assert err.traceback.splitlines()[1].endswith("in broken"), err.traceback  # starts at the user's fn
+print("LaunchError seen")
+""",
+]
+
+
+@pytest.mark.slow
+def test_function_defined_in_a_notebook(tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    ipykernel_spec = pytest.importorskip("ipykernel.kernelspec")
+    # A kernelspec for this very interpreter, under a name no other installation can shadow.
+    name = f"fsdp-mini-test-{os.getpid()}"
+    ipykernel_spec.install(kernel_name=name, prefix=str(tmp_path / "jupyter"))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter" / "share" / "jupyter"))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS])
+    nbclient.NotebookClient(nb, kernel_name=name, timeout=120,
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    out = "".join(o.get("text", "") for o in nb.cells[1].outputs if o.output_type == "stream")
+    assert "cell rank 0 sum 3.0" in out and "cell rank 1" not in out
+    assert "LaunchError seen" in "".join(o.get("text", "") for o in nb.cells[2].outputs)

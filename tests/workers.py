@@ -1,0 +1,214 @@
+"""Functions the tests run on every rank (importable, so ranks can unpickle them by reference)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import nn
+
+import fsdp_mini
+from fsdp_mini.models import GPTConfig, SyntheticText, make_model
+
+GLOBAL_BATCH = 12  # divisible by 1, 2, 3 and 4
+STEPS = 5
+OPTIMIZERS = {
+    "adamw": partial(torch.optim.AdamW, lr=1e-3),
+    "sgd": partial(torch.optim.SGD, lr=0.1, momentum=0.9),
+}
+# (strategy, options) pairs every parity run covers
+VARIANTS = [("ddp", {}), ("zero1", {}), ("zero2", {}), ("fsdp", {}),
+            ("fsdp", {"reshard_after_forward": False}), ("ddp", {"bucket_mb": 0.01}),
+            ("zero2", {"bucket_mb": 0.01})]
+
+
+def variant_name(strategy: str, options: dict) -> str:
+    return strategy + "".join(f",{k}={v}" for k, v in sorted(options.items()))
+
+
+# -- models ------------------------------------------------------------------------------------
+
+class OddInner(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(7, 15) * 0.3)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 15), requires_grad=False)  # frozen
+
+    def forward(self, x):
+        return torch.tanh(x @ self.w1) * self.scale
+
+
+class OddNet(nn.Module):
+    """Deliberately uneven shapes (7x15, 15x3), a frozen parameter and a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = OddInner()
+        self.w2 = nn.Parameter(torch.randn(15, 3) * 0.3)
+        self.b = nn.Parameter(torch.zeros(3))
+        self.register_buffer("offset", torch.tensor([0.1, -0.2, 0.3]))
+
+    def forward(self, x, y):
+        out = self.inner(x) @ self.w2 + self.b + self.offset
+        return out, ((out - y) ** 2).mean()
+
+
+def make_odd(seed: int = 0) -> OddNet:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return OddNet()
+
+
+def odd_batch(step: int, rank: int = 0, world_size: int = 1):
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(GLOBAL_BATCH, 7, generator=g)
+    y = torch.randn(GLOBAL_BATCH, 3, generator=g)
+    n = GLOBAL_BATCH // world_size
+    return x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
+
+
+def gpt_batch(step: int, rank: int = 0, world_size: int = 1):
+    cfg = GPTConfig.tiny()
+    return SyntheticText(cfg.vocab_size, cfg.block_size).local_batch(step, GLOBAL_BATCH, rank,
+                                                                      world_size)
+
+
+MODELS = {
+    "gpt": (lambda: make_model(GPTConfig.tiny()), lambda m: list(m.blocks), gpt_batch),
+    "odd": (make_odd, lambda m: [m.inner], odd_batch),
+}
+
+
+# -- training ----------------------------------------------------------------------------------
+
+def train(model_name: str, strategy: str, options: dict, opt_name: str, rank: int,
+          world_size: int, steps: int = STEPS, micro_batches: int = 1):
+    """Train for ``steps`` on this rank's slice of each global batch; return what tests check."""
+    build, units_of, batch = MODELS[model_name]
+    model = build()
+    model, optimizer = fsdp_mini.parallelize(model, strategy, optimizer=OPTIMIZERS[opt_name],
+                                             units=units_of(model), **options)
+    ledger = model.fsdp_mini.comm.ledger
+    sent_per_step, losses = [], []
+    for step in range(steps):
+        ledger.next_step()
+        x, y = batch(step, rank, world_size)
+        for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
+            _, loss = model(xm, ym)
+            (loss / micro_batches).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        sent_per_step.append(ledger.sent_bytes(step=ledger.step))
+        losses.append(loss.item())
+    expected = fsdp_mini.expected_costs(model)
+    state = fsdp_mini.full_state_dict(model)
+    return {"state": state if rank == 0 else None, "sent_per_step": sent_per_step,
+            "losses": losses, "expected": expected}
+
+
+def train_reference(model_name: str, opt_name: str, steps: int = STEPS):
+    """Single process, whole global batch: what every strategy must reproduce."""
+    build, _, batch = MODELS[model_name]
+    model = build()
+    optimizer = OPTIMIZERS[opt_name]([p for p in model.parameters() if p.requires_grad])
+    for step in range(steps):
+        x, y = batch(step)
+        _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.state_dict()
+
+
+def parity_run(rank: int, world_size: int, model_name: str, variants, opt_names):
+    out = {}
+    for strategy, options in variants:
+        for opt_name in opt_names:
+            out[(variant_name(strategy, options), opt_name)] = train(
+                model_name, strategy, options, opt_name, rank, world_size)
+    return out
+
+
+def accumulation_run(rank: int, world_size: int, strategies, micro_batches=(1, 3)):
+    """Final states after 3 steps, each step's batch cut into k micro-batches, for each k."""
+    return {(s, k): train("gpt", s, {}, "sgd", rank, world_size, steps=3, micro_batches=k)["state"]
+            for s in strategies for k in micro_batches}
+
+
+# -- memory ------------------------------------------------------------------------------------
+
+def persistent_state_bytes(rank: int, world_size: int, strategy: str, model_name: str = "gpt"):
+    """Model-state bytes (params + grads + optimizer state) this rank holds after a step."""
+    build, units_of, batch = MODELS[model_name]
+    model = build()
+    model, optimizer = fsdp_mini.parallelize(model, strategy, units=units_of(model))
+    with fsdp_mini.track_memory(model, optimizer) as mem:
+        x, y = batch(0, rank, world_size)
+        model(x, y)[1].backward()
+        optimizer.step()
+        after_step = mem.category_bytes()
+    keep = ("params", "grads", "optimizer_state")
+    return {"measured": sum(after_step[c] for c in keep), "by_category": after_step,
+            "expected": fsdp_mini.expected_costs(model)["persistent_bytes"]}
+
+
+def persistent_all(rank: int, world_size: int):
+    return {s: persistent_state_bytes(rank, world_size, s)
+            for s in ("ddp", "zero1", "zero2", "fsdp")}
+
+
+class StateHeavy(nn.Module):
+    """Four wide layers and a tiny batch: model state dominates memory, activations are small."""
+
+    def __init__(self, width: int = 256, depth: int = 4):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x.square().mean()
+
+
+def fsdp_peak(rank: int, world_size: int, width: int = 256, depth: int = 4):
+    """Measured FSDP peak of one training step, with the parts of its prediction measured too."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = StateHeavy(width, depth)
+    model, optimizer = fsdp_mini.parallelize(model, "fsdp", units=list(model.layers))
+    x = torch.randn(2, width)
+    model(x).backward()  # warm-up step creates the optimizer state
+    optimizer.step()
+    optimizer.zero_grad()
+    with fsdp_mini.track_memory(model, optimizer) as mem:
+        start = mem.category_bytes()
+        model(x).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    unit_bytes = [sum(g.layout.padded_numel for g in u.groups) * 4 for u in model.fsdp_mini.units]
+    return {"own_peak": mem.own_peak_bytes, "peak": mem.peak_bytes, "start": start,
+            "entry_other": mem.entry_by_category["activations"], "unit_bytes": unit_bytes,
+            "at_peak": mem.at_peak, "expected": fsdp_mini.expected_costs(model)}
+
+
+# -- communication -----------------------------------------------------------------------------
+
+def collectives(rank: int, world_size: int):
+    """Each collective once, sync and async; returns results and the ledger's records."""
+    from fsdp_mini.comm import Comm
+    comm = Comm()
+    shard = torch.full((5,), float(rank))
+    gathered = torch.empty(5 * world_size)
+    comm.all_gather(gathered, shard, label="ag")
+    full = torch.arange(5.0 * world_size)
+    mine = torch.empty(5)
+    handle = comm.reduce_scatter(mine, full, label="rs", async_op=True)
+    handle.wait()
+    summed = torch.ones(7) * (rank + 1)
+    comm.all_reduce(summed, label="ar")
+    b = torch.full((3,), float(rank))
+    comm.broadcast(b, label="bc", src=world_size - 1)
+    comm.barrier()
+    return {"gathered": gathered, "mine": mine, "summed": summed, "broadcast": b,
+            "records": [(r.op, r.label, r.payload_bytes, r.sent_bytes, r.seconds >= 0)
+                        for r in comm.ledger.records]}
