@@ -14,6 +14,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,8 @@ class CompareConfig:
     warmup: int = 2
     global_batch: int = 8
     model: str = "default"  # or "tiny"
+    lr: float = 1e-3
+    bucket_mb: float = 2.0  # several buckets, so DDP/ZeRO overlap communication with backward
     progress: bool = False
 
     def gpt(self) -> GPTConfig:
@@ -86,7 +89,9 @@ def _run_single(rank, world_size, config, data):
 
 def _run(strategy, rank, world_size, config, data, whole_batch=False):
     model = make_model(config.gpt())
-    model, optimizer = parallelize(model, strategy, units=list(model.blocks))
+    options = {"bucket_mb": config.bucket_mb} if strategy in ("ddp", "zero1", "zero2") else {}
+    model, optimizer = parallelize(model, strategy, units=list(model.blocks),
+                                   optimizer=partial(torch.optim.AdamW, lr=config.lr), **options)
     ledger = model.fsdp_mini.comm.ledger
     times, losses, sent = [], [], 0.0
     for step in range(config.steps):

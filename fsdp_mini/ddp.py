@@ -41,40 +41,46 @@ class DDP:
         self.module, self.comm, self.recorder = module, comm, recorder
         broadcast_module_states(module, comm)
         self.buckets = split_into_buckets(grad_ready_order(module), int(bucket_mb * 2**20))
-        self._in_flight: list[tuple[torch.Tensor, Handle]] = []
+        self._in_flight: list[tuple[int, torch.Tensor, Handle]] = []
         self.scheduler = BucketScheduler(self.buckets, self._all_reduce_bucket, self._finish)
 
     def _all_reduce_bucket(self, i: int) -> None:
-        params = self.buckets[i]
+        # Note: the previous bucket's all-reduce overlapped with the backward that filled this
+        # one; finishing it now keeps at most one bucket copy waiting, not the whole model.
+        self._collect()
         with allocating("comm_buffers"), torch.no_grad():
-            flat = torch.cat([grad_or_zeros(p).reshape(-1) for p in params])
+            flat = torch.cat([grad_or_zeros(p).reshape(-1) for p in self.buckets[i]])
         handle = self.comm.all_reduce(flat, label=f"bucket{i}", async_op=True)
-        self._in_flight.append((flat, handle))
+        self._in_flight.append((i, flat, handle))
 
-    def _finish(self) -> None:
-        """End of backward: wait for every bucket, write the averaged gradients back."""
+    def _collect(self) -> None:
+        """Wait for the buckets in flight and write their averaged gradients back."""
         with torch.no_grad():
-            for i, (flat, handle) in enumerate(self._in_flight):
+            for i, flat, handle in self._in_flight:
                 handle.wait()
                 flat.div_(self.comm.world_size)
-                offset = 0
-                for p in self.buckets[i]:
-                    g = flat[offset:offset + p.numel()].view_as(p)
+                for p, g in zip(self.buckets[i], _split_like(flat, self.buckets[i])):
                     if p.grad is None:
                         with allocating("grads"):
                             p.grad = g.clone()
                     else:
                         p.grad.copy_(g)
-                    offset += p.numel()
         self._in_flight.clear()
+
+    def _finish(self) -> None:
+        """End of backward: every parameter now holds the gradient of the whole global batch."""
+        self._collect()
         if self.recorder is not None:
             self.recorder.mark("ddp/backward_end")
 
     def memory_categories(self) -> dict[str, list[torch.Tensor]]:
         params = list(self.module.parameters())
         return {"params": params, "grads": [p.grad for p in params],
-                "comm_buffers": [flat for flat, _ in self._in_flight]}
+                "comm_buffers": [flat for _, flat, _ in self._in_flight]}
 
     def trainable_numel(self) -> int:
         return sum(p.numel() for b in self.buckets for p in b)
 
+
+def _split_like(flat: torch.Tensor, params: list[nn.Parameter]) -> list[torch.Tensor]:
+    return [g.view_as(p) for g, p in zip(flat.split([p.numel() for p in params]), params)]

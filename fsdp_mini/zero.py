@@ -83,6 +83,7 @@ class Zero:
     # -- ZeRO-2: during backward ----------------------------------------------------------------
 
     def _reduce_scatter_bucket(self, i: int) -> None:
+        self._collect_shard_grads()  # at most one bucket copy waits (see ddp._all_reduce_bucket)
         bucket = self.buckets[i]
         with torch.no_grad(), allocating("comm_buffers"):
             full = bucket.layout.flatten([grad_or_zeros(p) for p in bucket.params])
@@ -90,14 +91,18 @@ class Zero:
         for p in bucket.params:  # the full gradients are no longer needed
             p.grad = None
 
-    def _finish(self) -> None:
-        """End of backward: each rank keeps the averaged gradient of the shards it owns."""
+    def _collect_shard_grads(self) -> None:
+        """Each rank keeps the averaged gradient of the shards it owns."""
         for i, mine in self._wait_all():
             shard = self.buckets[i].shard
             if shard.grad is None:
                 shard.grad = mine
             else:
                 shard.grad.add_(mine)  # gradient accumulation over micro-batches
+
+    def _finish(self) -> None:
+        """End of backward: the last buckets' shard gradients."""
+        self._collect_shard_grads()
         if self.recorder is not None:
             self.recorder.mark(f"{self.strategy}/backward_end")
 
@@ -136,7 +141,8 @@ class Zero:
         return {"params": [b.flat for b in self.buckets] + params,
                 "grads": [p.grad for p in params] + [b.shard.grad for b in self.buckets]
                 + [b.flat_grad for b in self.buckets],
-                "comm_buffers": [full for full, _, _ in self._in_flight.values()]}
+                "comm_buffers": [full for full, _, _ in self._in_flight.values()
+                                 if self.shard_grads]}  # ZeRO-1 sends its grad buffer itself
 
     def padded_numel(self) -> int:
         return sum(b.layout.padded_numel for b in self.buckets)
