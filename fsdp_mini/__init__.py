@@ -12,8 +12,8 @@ from .api import STRATEGIES, expected_costs, full_state_dict, parallelize
 from .comm import Comm, Ledger
 from .memory import CATEGORIES, allocating, track_memory
 
-from .launcher import LaunchError, LaunchTimeoutError, launch, run_with_torchrun
+from .launcher import LaunchError, LaunchTimeoutError, launch, rank_device, run_with_torchrun
 
 __all__ = ["STRATEGIES", "CATEGORIES", "Comm", "LaunchError", "LaunchTimeoutError", "Ledger",
-           "allocating", "expected_costs", "full_state_dict", "launch", "parallelize",
+           "allocating", "expected_costs", "full_state_dict", "launch", "parallelize", "rank_device",
            "run_with_torchrun", "track_memory"]

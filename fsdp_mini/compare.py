@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .api import STRATEGIES, expected_costs, parallelize
+from .launcher import rank_device
 from .memory import track_memory
 from .models import GPTConfig, SyntheticText, make_model
 
@@ -88,7 +89,8 @@ def _run_single(rank, world_size, config, data):
 
 
 def _run(strategy, rank, world_size, config, data, whole_batch=False):
-    model = make_model(config.gpt())
+    device = rank_device()
+    model = make_model(config.gpt()).to(device)
     options = {"bucket_mb": config.bucket_mb} if strategy in ("ddp", "zero1", "zero2") else {}
     model, optimizer = parallelize(model, strategy, units=list(model.blocks),
                                    optimizer=partial(torch.optim.AdamW, lr=config.lr), **options)
@@ -98,6 +100,7 @@ def _run(strategy, rank, world_size, config, data, whole_batch=False):
         ledger.next_step()
         x, y = (data.batch(step, config.global_batch) if whole_batch else
                 data.local_batch(step, config.global_batch, rank, world_size))
+        x, y = x.to(device), y.to(device)
         tracked = step == config.steps - 1
         start = time.perf_counter()
         if tracked:
@@ -109,6 +112,8 @@ def _run(strategy, rank, world_size, config, data, whole_batch=False):
             if step >= config.warmup:
                 times.append(time.perf_counter() - start)
         losses.append(loss)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     persistent = sum(mem.snapshots[-1].by_category[c] for c in PERSISTENT)
     theory = expected_costs(model)
     result = RankResult(rank, mem.own_peak_bytes, mem.own_peak_by_category, persistent, sent,

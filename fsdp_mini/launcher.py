@@ -35,7 +35,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-__all__ = ["launch", "run_with_torchrun", "LaunchError", "LaunchTimeoutError"]
+__all__ = ["launch", "rank_device", "run_with_torchrun", "LaunchError", "LaunchTimeoutError"]
 
 POLL_S = 0.05   # how often the caller looks at its ranks
 GRACE_S = 2.0   # after the first failure, time the other ranks get to report their own error
@@ -71,6 +71,13 @@ def init_group(backend, rank, world_size, local_rank, timeout, store=None):
         torch.cuda.set_device(local_rank)  # Note: before init, so NCCL binds one GPU per rank
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout))
+
+
+def rank_device() -> torch.device:
+    """This rank's device: its GPU under NCCL, the CPU under gloo (or without a process group)."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 # ---------------------------------------------------------------- input checks (before any process)
@@ -418,7 +425,7 @@ def run_with_torchrun(fn, *args, backend=None, timeout=120.0):
     The same function then runs in a notebook through `launch` and from a shell through torchrun::
 
         # train.py -- run with: torchrun --nproc-per-node 2 train.py
-        from fsdp_mini.launcher import run_with_torchrun
+        from fsdp_mini import run_with_torchrun
 
         def train(rank, world_size, steps):
             ...                      # torch.distributed is initialised here

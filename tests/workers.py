@@ -85,14 +85,15 @@ def train(model_name: str, strategy: str, options: dict, opt_name: str, rank: in
           world_size: int, steps: int = STEPS, micro_batches: int = 1):
     """Train for ``steps`` on this rank's slice of each global batch; return what tests check."""
     build, units_of, batch = MODELS[model_name]
-    model = build()
+    device = fsdp_mini.rank_device()  # a GPU under NCCL (benchmarks/gpu_check.sh), else the CPU
+    model = build().to(device)
     model, optimizer = fsdp_mini.parallelize(model, strategy, optimizer=OPTIMIZERS[opt_name],
                                              units=units_of(model), **options)
     ledger = model.fsdp_mini.comm.ledger
     sent_per_step, losses = [], []
     for step in range(steps):
         ledger.next_step()
-        x, y = batch(step, rank, world_size)
+        x, y = (t.to(device) for t in batch(step, rank, world_size))
         for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
             _, loss = model(xm, ym)
             (loss / micro_batches).backward()
@@ -101,7 +102,7 @@ def train(model_name: str, strategy: str, options: dict, opt_name: str, rank: in
         sent_per_step.append(ledger.sent_bytes(step=ledger.step))
         losses.append(loss.item())
     expected = fsdp_mini.expected_costs(model)
-    state = fsdp_mini.full_state_dict(model)
+    state = {k: v.cpu() for k, v in fsdp_mini.full_state_dict(model).items()}
     return {"state": state if rank == 0 else None, "sent_per_step": sent_per_step,
             "losses": losses, "expected": expected}
 
@@ -212,3 +213,20 @@ def collectives(rank: int, world_size: int):
     return {"gathered": gathered, "mine": mine, "summed": summed, "broadcast": b,
             "records": [(r.op, r.label, r.payload_bytes, r.sent_bytes, r.seconds >= 0)
                         for r in comm.ledger.records]}
+
+
+# -- GPU ---------------------------------------------------------------------------------------
+
+def cuda_memory(rank: int, world_size: int):
+    """One FSDP step of the default GPT on this rank's GPU: tensor bytes and allocator figures."""
+    from fsdp_mini import parallelize, track_memory
+    model = make_model(GPTConfig()).cuda()
+    model, opt = parallelize(model, "fsdp", units=list(model.blocks))
+    x = torch.randint(0, 256, (4, 64), device="cuda")
+    model(x, x)[1].backward()
+    opt.step()
+    opt.zero_grad()
+    with track_memory(model, opt) as mem:
+        model(x, x)[1].backward()
+        opt.step()
+    return {"tensor_peak": mem.peak_bytes, **mem.cuda}
