@@ -89,9 +89,7 @@ def expected_costs(model: nn.Module, optim_bytes: int = 8) -> dict[str, float]:
     its own padding: bytes sent per rank per step, and persistent model-state bytes per rank."""
     engine = _engine_of(model)
     n = engine.comm.world_size
-    params = {id(p): p for p in _original_params(engine)}.values()
-    numel = sum(p.numel() for p in params if p.requires_grad)
-    frozen = sum(p.numel() for p in params if not p.requires_grad)
+    numel, frozen = _numel_trainable_and_frozen(engine)
     persistent = partial(theory.persistent_bytes, engine.strategy, numel, n,
                          optim_bytes=optim_bytes)
     if engine.strategy == "single":
@@ -113,10 +111,14 @@ def expected_costs(model: nn.Module, optim_bytes: int = 8) -> dict[str, float]:
                                            frozen_numel=sum(s.frozen for s in sizes))}
 
 
-def _original_params(engine) -> list[nn.Parameter]:
+def _numel_trainable_and_frozen(engine) -> tuple[int, int]:
     if isinstance(engine, FSDP):
-        return [s.param for u in engine.units for g in u.groups for s in g.layout.slots]
-    return list(engine.module.parameters())
+        slots = [s for u in engine.units for g in u.groups for s in g.layout.slots]
+        return (sum(s.numel for s in slots if s.requires_grad),
+                sum(s.numel for s in slots if not s.requires_grad))
+    params = {id(p): p for p in engine.module.parameters()}.values()
+    return (sum(p.numel() for p in params if p.requires_grad),
+            sum(p.numel() for p in params if not p.requires_grad))
 
 
 def _engine_of(model: nn.Module):

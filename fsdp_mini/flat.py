@@ -23,16 +23,27 @@ from torch import nn
 
 @dataclass
 class ParamSlot:
-    """One original parameter inside a flat buffer, and where the module tree refers to it."""
+    """One original parameter inside a flat buffer, and where the module tree refers to it.
 
-    param: nn.Parameter
+    ``param`` is the original tensor until its values have been copied into a flat buffer; a
+    strategy that frees the original (FSDP) sets it to None and keeps only the shape.
+    """
+
+    param: nn.Parameter | None
     names: list[str]                       # fully-qualified names (two or more for tied weights)
     owners: list[tuple[nn.Module, str]]    # (module, attribute name) for each of those names
     offset: int = 0
+    shape: torch.Size = field(default=None)
+    requires_grad: bool = True
+
+    def __post_init__(self):
+        if self.shape is None:
+            self.shape = self.param.shape
+            self.requires_grad = self.param.requires_grad
 
     @property
     def numel(self) -> int:
-        return self.param.numel()
+        return self.shape.numel()
 
 
 @dataclass
@@ -43,7 +54,6 @@ class FlatLayout:
     world_size: int
     numel: int = 0
     padded_numel: int = 0
-    shapes: list[torch.Size] = field(default_factory=list)
 
     def __post_init__(self):
         offset = 0
@@ -53,7 +63,6 @@ class FlatLayout:
         self.numel = offset
         n = self.world_size
         self.padded_numel = -(-offset // n) * n if offset else n
-        self.shapes = [slot.param.shape for slot in self.slots]
 
     @property
     def shard_numel(self) -> int:
@@ -72,8 +81,7 @@ class FlatLayout:
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """One view of ``flat`` per slot, shaped like the original parameter."""
-        return [flat[s.offset:s.offset + s.numel].view(shape)
-                for s, shape in zip(self.slots, self.shapes)]
+        return [flat[s.offset:s.offset + s.numel].view(s.shape) for s in self.slots]
 
 
 def param_slots(module: nn.Module, prefix: str = "") -> list[ParamSlot]:

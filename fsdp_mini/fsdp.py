@@ -51,6 +51,9 @@ class FlatShard:
         self.layout, self.comm, self.label = FlatLayout(slots, comm.world_size), comm, label
         with torch.no_grad():
             full = self.layout.flatten([s.param.detach() for s in slots])
+        for slot in slots:  # the original, full parameters are freed: only the shard stays
+            slot.param.data = torch.empty(0, dtype=full.dtype, device=full.device)
+            slot.param = None
         start, end = self.layout.shard_range(comm.rank)
         with allocating("params"):
             self.shard = nn.Parameter(full[start:end].clone(), requires_grad=requires_grad)
@@ -128,7 +131,7 @@ class Unit:
         self.in_flight = 0  # forwards with grad whose backward has not finished yet
         self.groups: list[FlatShard] = []
         for trainable, suffix in ((True, ""), (False, "[frozen]")):
-            mine = [s for s in slots if s.param.requires_grad == trainable]
+            mine = [s for s in slots if s.requires_grad == trainable]
             if mine:
                 self.groups.append(FlatShard(mine, fsdp.comm, self.name + suffix, trainable))
         for group in self.groups:

@@ -67,6 +67,7 @@ class Snapshot:
     time: float
     total_bytes: int
     by_category: dict[str, int]
+    cuda: dict[str, int] = field(default_factory=dict)  # the allocator's figures, on GPUs
 
 
 @dataclass
@@ -101,7 +102,8 @@ class MemoryTracker:
         if not self.active:
             return None
         self._classify_sources()
-        snap = Snapshot(label, time.time(), self.current_bytes, dict(self.by_category))
+        snap = Snapshot(label, time.time(), self.current_bytes, dict(self.by_category),
+                        _cuda_figures())
         self.snapshots.append(snap)
         return snap
 
@@ -277,10 +279,15 @@ def track_memory(*sources):
         torch.UntypedStorage.resize_ = original_resize
         tracker._classify_sources()
         tracker.active = False
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            tracker.cuda = {"allocated_bytes": torch.cuda.memory_allocated(),
-                            "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
-                            "reserved_bytes": torch.cuda.memory_reserved()}
+        tracker.cuda = _cuda_figures()
+
+
+def _cuda_figures() -> dict[str, int]:
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return {}
+    return {"allocated_bytes": torch.cuda.memory_allocated(),
+            "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+            "reserved_bytes": torch.cuda.memory_reserved()}
 
 
 def _count_existing_tensors(tracker: MemoryTracker) -> None:

@@ -138,3 +138,31 @@ def test_fsdp_peak_is_sharded_state_plus_gathered_unit_plus_activations():
         predicted = persistent + 3 * unit + activations
         assert abs(res["own_peak"] - predicted) <= 0.10 * predicted, (res, predicted)
         assert res["at_peak"]["gathered_params"] <= unit
+
+
+def test_fsdp_frees_the_full_parameters_once_sharded():
+    for res in launch(workers.wrap_memory, 4, "fsdp"):
+        # what stays: this rank's quarter (+ padding); the full parameters are gone
+        assert res["after"] - res["before"] == pytest.approx(-0.75 * res["model_bytes"], rel=0.01)
+
+
+def test_fsdp_phases_draw_the_gather_free_saw_tooth():
+    """With the tracker as recorder, FSDP marks each unit's phases: gathered, then freed."""
+    torch.manual_seed(0)
+    model = workers.StateHeavy(width=64, depth=3)
+    unit_bytes = (64 * 64 + 64) * 4
+
+    import fsdp_mini
+    with track_memory() as mem:
+        model, opt = fsdp_mini.parallelize(model, "fsdp", units=list(model.layers), recorder=mem)
+        model(torch.randn(2, 64)).backward()
+        opt.step()
+    gathered = [(s.label, s.by_category["gathered_params"]) for s in mem.snapshots]
+    labels = [l for l, _ in gathered]
+    assert labels[:2] == ["root/gathered", "layers.0/gathered"]
+    assert labels[-1] == "backward_end"
+    by_label = dict(gathered)
+    assert by_label["layers.0/gathered"] == unit_bytes       # one unit whole (root has none)
+    assert by_label["layers.0/forward_done"] == 0            # freed after its forward
+    assert by_label["layers.2/backward_done"] == 0           # freed after its backward
+    assert max(b for _, b in gathered) == unit_bytes         # never two units at once

@@ -230,3 +230,16 @@ def cuda_memory(rank: int, world_size: int):
         model(x, x)[1].backward()
         opt.step()
     return {"tensor_peak": mem.peak_bytes, **mem.cuda}
+
+
+def wrap_memory(rank: int, world_size: int, strategy: str):
+    """Live tensor bytes of this process before and after parallelize (model state only)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = StateHeavy()
+    with fsdp_mini.track_memory() as mem:
+        before = mem.current_bytes
+        model, _ = fsdp_mini.parallelize(model, strategy, units=list(model.layers))
+        after = mem.current_bytes
+    return {"before": before, "after": after, "model_bytes": 4 * sum(
+        p.numel() for p in StateHeavy().parameters())}
