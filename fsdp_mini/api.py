@@ -42,7 +42,7 @@ class Single:
 
 def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.AdamW, lr=1e-3),
                 units=None, *, process_group=None, ledger: Ledger | None = None, recorder=None,
-                **options):
+                check_collectives: bool = False, **options):
     """Apply ``strategy`` to ``module``; return ``(module, optimizer)``, used like plain torch.
 
     Args:
@@ -55,11 +55,14 @@ def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.
         process_group: defaults to the whole world (or a single process without
             ``torch.distributed``).
         ledger: where collectives are recorded (a new :class:`~fsdp_mini.comm.Ledger` if None).
-        recorder: anything with ``mark(label)`` (e.g. a memory tracker), told about phases.
+        recorder: anything with ``mark(label)`` (a memory tracker, a telemetry Recorder), told
+            about phases; its ``attach(module, optimizer)``, if it has one, is called at the end.
+        check_collectives: debug mode: ranks compare every collective before issuing it and
+            raise a clear error on the first mismatch instead of hanging (see ``comm``).
         options: ``bucket_mb`` (ddp, zero1, zero2), ``reshard_after_forward`` (fsdp).
     """
     _check_arguments(module, strategy, optimizer, options)
-    comm = Comm(process_group, ledger)
+    comm = Comm(process_group, ledger, check_collectives=check_collectives)
     if strategy == "single":
         engine = Single(module, comm)
     elif strategy == "ddp":
@@ -71,8 +74,12 @@ def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.
     module.fsdp_mini = engine
     module.memory_categories = engine.memory_categories
     if isinstance(engine, Zero):
-        return module, ShardedOptimizer(engine, optimizer([b.shard for b in engine.buckets]))
-    return module, optimizer([p for p in module.parameters() if p.requires_grad])
+        optim = ShardedOptimizer(engine, optimizer([b.shard for b in engine.buckets]))
+    else:
+        optim = optimizer([p for p in module.parameters() if p.requires_grad])
+    if hasattr(recorder, "attach"):
+        recorder.attach(module, optim)  # telemetry: start listening to this model
+    return module, optim
 
 
 def full_state_dict(model: nn.Module) -> "OrderedDict[str, torch.Tensor]":

@@ -30,6 +30,7 @@ same strategy code runs in a single process.
 from __future__ import annotations
 
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -131,14 +132,60 @@ class Handle:
         self._ledger._completed(self._record)
 
 
+class CollectiveMismatchError(RuntimeError):
+    """Ranks were about to issue different collectives (the classic cause of a hang)."""
+
+
+class SequenceCheck:
+    """Debug mode: before every collective, the ranks compare what they are about to issue.
+
+    Collectives pair up by order alone: if rank 1 skips a unit's all-gather, its next all-gather
+    meets rank 0's previous one, and the job hangs or silently mixes two units. With the check on,
+    every rank first shares (op, label, elements, dtype) over a side channel, and on the first
+    difference every rank raises a :class:`CollectiveMismatchError` naming both sides, at once.
+    Cost: one all-gather of one integer (a hash of the description) per collective; the
+    descriptions themselves travel only when the hashes differ. None when off.
+    """
+
+    def __init__(self, group, world_size: int):
+        # Note: a gloo side channel, so the check also works when the job itself runs on NCCL.
+        same = dist.get_backend(group) == "gloo"
+        self.group = group if same else dist.new_group(dist.get_process_group_ranks(group),
+                                                       backend="gloo")
+        self.world_size, self.calls = world_size, 0
+
+    def __call__(self, op: str, label: str, tensor: torch.Tensor | None, step: int) -> None:
+        self.calls += 1
+        mine = (op, label, 0 if tensor is None else tensor.numel(),
+                "-" if tensor is None else str(tensor.dtype).replace("torch.", ""))
+        digest = torch.tensor([zlib.crc32(repr(mine).encode())], dtype=torch.int64)
+        digests = torch.empty(self.world_size, dtype=torch.int64)
+        _all_gather_flat(digests, digest, group=self.group)
+        if bool((digests != digests[0]).any()):
+            everyone: list = [None] * self.world_size
+            dist.all_gather_object(everyone, mine, group=self.group)
+            odd = next(r for r, theirs in enumerate(everyone) if theirs != everyone[0])
+            raise CollectiveMismatchError(
+                f"collective mismatch at step {step}, collective #{self.calls} of this job: "
+                f"rank 0 issues {_describe(everyone[0])} but rank {odd} issues "
+                f"{_describe(everyone[odd])}. Every rank must issue the same collectives in the "
+                f"same order (a rank that skips a unit or a batch breaks the pairing).")
+
+
+def _describe(fingerprint) -> str:
+    op, label, numel, dtype = fingerprint
+    return f"{op} {label!r} ({numel} {dtype} elements)"
+
+
 class Comm:
     """The collectives fsdp_mini uses, on one process group, each written in ``ledger``.
 
     ``Comm()`` outside a process group (or with a group of one rank) runs every collective as a
-    local copy, so strategies work unchanged in a single process.
+    local copy, so strategies work unchanged in a single process. ``check_collectives=True``
+    turns on :class:`SequenceCheck` (debug mode).
     """
 
-    def __init__(self, group=None, ledger: Ledger | None = None):
+    def __init__(self, group=None, ledger: Ledger | None = None, check_collectives: bool = False):
         self.ledger = ledger if ledger is not None else Ledger()
         if dist.is_available() and dist.is_initialized():
             self.group = group if group is not None else dist.group.WORLD
@@ -150,6 +197,8 @@ class Comm:
                                "does it for you)")
         else:
             self.group, self.rank, self.world_size = None, 0, 1
+        self.check = (SequenceCheck(self.group, self.world_size)
+                      if check_collectives and self.world_size > 1 else None)
 
     # -- the collectives ------------------------------------------------------------------------
 
@@ -158,7 +207,7 @@ class Comm:
         """Concatenate every rank's ``shard`` into ``output`` (``output.numel() == N * shard.numel()``)."""
         _check_flat_sizes("all_gather", output, shard, self.world_size)
         nbytes = _nbytes(output)
-        return self._run("all_gather", label, nbytes, (self.world_size - 1) * _nbytes(shard),
+        return self._run("all_gather", label, shard, nbytes, (self.world_size - 1) * _nbytes(shard),
                          lambda: _all_gather_flat(output, shard, group=self.group, async_op=async_op),
                          lambda: output.copy_(shard), async_op)
 
@@ -166,7 +215,7 @@ class Comm:
                        async_op: bool = False) -> Handle | None:
         """Sum ``full`` over ranks and leave this rank's 1/N slice of the sum in ``output``."""
         _check_flat_sizes("reduce_scatter", full, output, self.world_size)
-        return self._run("reduce_scatter", label, _nbytes(full),
+        return self._run("reduce_scatter", label, output, _nbytes(full),
                          (self.world_size - 1) * _nbytes(output),
                          lambda: _reduce_scatter_flat(output, full, op=dist.ReduceOp.SUM,
                                                       group=self.group, async_op=async_op),
@@ -175,7 +224,8 @@ class Comm:
     def all_reduce(self, tensor: torch.Tensor, label: str, async_op: bool = False) -> Handle | None:
         """Sum ``tensor`` over ranks, in place."""
         n = self.world_size
-        return self._run("all_reduce", label, _nbytes(tensor), 2 * (n - 1) * _nbytes(tensor) / n,
+        return self._run("all_reduce", label, tensor, _nbytes(tensor),
+                         2 * (n - 1) * _nbytes(tensor) / n,
                          lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group,
                                                  async_op=async_op),
                          lambda: None, async_op)
@@ -185,18 +235,20 @@ class Comm:
         """Copy rank ``src``'s ``tensor`` to every rank (``src`` is a rank of this group)."""
         n = self.world_size
         src_global = dist.get_global_rank(self.group, src) if self.group is not None else src
-        return self._run("broadcast", label, _nbytes(tensor), (n - 1) * _nbytes(tensor) / n,
+        return self._run("broadcast", label, tensor, _nbytes(tensor), (n - 1) * _nbytes(tensor) / n,
                          lambda: dist.broadcast(tensor, src=src_global, group=self.group,
                                                 async_op=async_op),
                          lambda: None, async_op)
 
     def barrier(self, label: str = "barrier") -> None:
-        self._run("barrier", label, 0, 0, lambda: dist.barrier(group=self.group), lambda: None,
-                  False)
+        self._run("barrier", label, None, 0, 0, lambda: dist.barrier(group=self.group),
+                  lambda: None, False)
 
     # -- bookkeeping ----------------------------------------------------------------------------
 
-    def _run(self, op, label, payload, sent, distributed_call, local_call, async_op):
+    def _run(self, op, label, tensor, payload, sent, distributed_call, local_call, async_op):
+        if self.check is not None:
+            self.check(op, label, tensor, self.ledger.step)
         record = CollectiveRecord(op, label, payload, sent, self.ledger.step, time.time())
         self.ledger._issued(record)
         t0 = time.perf_counter()

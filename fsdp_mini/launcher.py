@@ -210,7 +210,7 @@ class _LogTail:
             sys.stdout.flush()
 
 
-def _wait(procs, tail, launch_dir, timeout):
+def _wait(procs, tail, launch_dir, timeout, on_poll=None):
     """Poll until all ranks exit, GRACE_S after the first failure, or `timeout` after a success.
 
     Returns {rank: wall time it was seen to exit}. Ranks still running are left to the caller.
@@ -226,6 +226,8 @@ def _wait(procs, tail, launch_dir, timeout):
             if failed_at is None and ((rank in exited and p.returncode != 0)
                                       or os.path.exists(rank_file(launch_dir, rank, "error"))):
                 failed_at = now
+        if on_poll is not None:
+            on_poll()
         if failed_at is None:
             # Note: echo only while no rank has failed: what rank 0 prints after that is its own
             # "lost my peer" traceback, which would hide the real cause shown in the LaunchError.
@@ -347,7 +349,8 @@ def _error(outcomes, launch_dir, timeout):
 
 
 # ---------------------------------------------------------------- the public entry points
-def launch(fn, world_size, *args, backend=None, timeout=120.0, log_dir=None, env=None):
+def launch(fn, world_size, *args, backend=None, timeout=120.0, log_dir=None, env=None,
+           monitor=None):
     """Run `fn(rank, world_size, *args)` on `world_size` ranks; return its return values by rank.
 
     Each rank is a fresh process with `torch.distributed` initialised (gloo on CPU, or NCCL with one
@@ -358,13 +361,22 @@ def launch(fn, world_size, *args, backend=None, timeout=120.0, log_dir=None, env
     folder that is removed on success and kept (path in the error) on failure. Rank 0's log is echoed
     to sys.stdout while it runs. `env` adds environment variables to the ranks. No rank outlives
     the call, also on Ctrl-C (KeyboardInterrupt is re-raised after the ranks are stopped).
+
+    `monitor` watches the ranks' telemetry live (e.g. `fsdp_mini.widgets.Dashboard()`): the ranks
+    get `FSDP_MINI_EVENTS_DIR`, where `fsdp_mini.telemetry.Recorder.from_env()` writes, and the
+    monitor's `launch_started(world_size, events_dir)`, `launch_poll()` (from this thread, while
+    waiting) and `launch_finished(ok)` are called.
     """
     world_size = _check_world_size(world_size)
     timeout = _check_timeout(timeout)
     backend = _pick_backend(backend, world_size)
     payload, sources = _pickle_payload(fn, args)
     launch_dir = _prepare_dir(log_dir)
-    procs, store = [], None
+    procs, store, ok = [], None, False
+    if monitor is not None:
+        events_dir = os.path.join(launch_dir, "events")
+        env = {**(env or {}), "FSDP_MINI_EVENTS_DIR": events_dir}
+        monitor.launch_started(world_size, events_dir)
     try:
         # Note: the caller owns the rendezvous store, on a port the OS picked (port 0): launches
         # never race for a port, and re-running a cell just gets a new one. Ranks are its clients.
@@ -375,18 +387,23 @@ def launch(fn, world_size, *args, backend=None, timeout=120.0, log_dir=None, env
             "parent_pid": os.getpid(), "sources": sources,
             "sys_path": [os.path.abspath(p) for p in sys.path if isinstance(p, str)]})
         _start_ranks(procs, launch_dir, world_size, store.port, env)
-        exited = _wait(procs, _LogTail(rank_file(launch_dir, 0, "log")), launch_dir, timeout)
+        exited = _wait(procs, _LogTail(rank_file(launch_dir, 0, "log")), launch_dir, timeout,
+                       monitor.launch_poll if monitor is not None else None)
         _stop(procs)
         outcomes = [_outcome(launch_dir, r, p, exited) for r, p in enumerate(procs)]
         if any(o["kind"] != "ok" for o in outcomes):
             raise _error(outcomes, launch_dir, timeout)
-        results = [torch.load(rank_file(launch_dir, r, "result"), weights_only=False) for r in range(world_size)]
+        results = [torch.load(rank_file(launch_dir, r, "result"), weights_only=False)
+                   for r in range(world_size)]
+        ok = True
     except KeyboardInterrupt:
         print(f"launch interrupted; stopping the ranks (logs kept in {launch_dir})", file=sys.stderr)
         raise
     finally:
         _stop(procs)  # Note: reached on every path, so no rank survives the call
         store = None  # closes the store's listening socket
+        if monitor is not None:
+            monitor.launch_finished(ok)
     _clean_up(launch_dir, world_size, keep_logs=log_dir is not None)
     return results
 

@@ -243,3 +243,18 @@ def wrap_memory(rank: int, world_size: int, strategy: str):
         after = mem.current_bytes
     return {"before": before, "after": after, "model_bytes": 4 * sum(
         p.numel() for p in StateHeavy().parameters())}
+
+
+# -- debugging ---------------------------------------------------------------------------------
+
+def skip_a_unit(rank: int, world_size: int, check: bool):
+    """Rank 1 never calls block 0, so it skips that unit's all-gather: a mismatched sequence."""
+    model = make_model(GPTConfig.tiny())
+    model, opt = fsdp_mini.parallelize(model, "fsdp", units=list(model.blocks),
+                                       check_collectives=check)
+    if rank == 1:
+        model.blocks = nn.ModuleList(list(model.blocks)[1:])
+    x, y = gpt_batch(0, rank, world_size)
+    model(x, y)[1].backward()
+    opt.step()
+    return "finished"

@@ -1,0 +1,56 @@
+"""Ready-made training functions for ``launch``: what the demo and the labs run on every rank.
+
+    fsdp_mini.launch(train_gpt, 4, "fsdp", monitor=Dashboard())
+
+Each writes telemetry (``Recorder.from_env``), so a dashboard passed to ``launch`` shows it live,
+and returns what a test or a lab checks afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import torch
+
+from .api import parallelize
+from .launcher import rank_device
+from .models import GPTConfig, SyntheticText, make_model
+from .telemetry import Recorder
+
+
+def train_gpt(rank: int, world_size: int, strategy: str = "fsdp", steps: int = 5,
+              model: str = "default", global_batch: int = 8, telemetry: bool = True,
+              check_collectives: bool = False, lr: float = 1e-3) -> dict:
+    """Train the tiny GPT under ``strategy``; return losses, step times and the ledger's totals.
+
+    ``telemetry=False`` trains without a recorder (to measure what telemetry costs).
+    """
+    device = rank_device()
+    cfg = GPTConfig.tiny() if model == "tiny" else GPTConfig()
+    data = SyntheticText(cfg.vocab_size, cfg.block_size)
+    recorder = Recorder.from_env(run=strategy) if telemetry else None
+    net = make_model(cfg).to(device)
+    options = {"check_collectives": True} if check_collectives else {}
+    net, optimizer = parallelize(net, strategy, units=list(net.blocks), recorder=recorder,
+                                 optimizer=partial(torch.optim.AdamW, lr=lr), **options)
+    ledger = net.fsdp_mini.comm.ledger
+    losses, seconds = [], []
+    for step in range(steps):
+        if recorder is None:
+            ledger.next_step()
+        start = time.perf_counter()
+        x, y = (t.to(device) for t in data.local_batch(step, global_batch, rank, world_size))
+        _, loss = net(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if recorder is not None:
+            recorder.step_end(loss.item())
+        losses.append(loss.item())
+        seconds.append(time.perf_counter() - start)
+    if recorder is not None:
+        recorder.close()
+    totals = {op: t.sent_bytes for op, t in ledger.totals().items()}
+    return {"losses": losses, "step_seconds": seconds, "sent_bytes_by_op": totals,
+            "sent_bytes": ledger.sent_bytes()}

@@ -1,0 +1,253 @@
+"""Telemetry: ranks stream what they do (memory, collectives, steps) to whoever watches.
+
+Rank side, a :class:`Recorder` turns the engine's phase marks, the ledger's collectives and the
+training loop's steps into events, and appends them to ``events_rank{r}.jsonl`` in one folder,
+a batch at a time (at most ``1 / flush_seconds`` writes a second; nothing is dropped)::
+
+    rec = Recorder.from_env(run="fsdp")          # the folder launch(..., monitor=...) watches
+    model, opt = fsdp_mini.parallelize(model, "fsdp", units=..., recorder=rec)
+    for step in range(steps):
+        loss = ...; loss.backward(); opt.step(); opt.zero_grad()
+        rec.step_end(loss)
+    rec.close()
+
+Caller side, whatever watches the folder, live or afterwards: ``launch(fn, n, monitor=...)``
+with a :class:`LaunchFeed` (the dashboard is one), :class:`EventTail` to follow the files
+yourself, or :func:`load_events` once the job is over (also for jobs started with torchrun:
+set ``FSDP_MINI_EVENTS_DIR`` for them).
+
+Events (one JSON object per line; times are Unix seconds; ``step`` is the ledger's step):
+
+    meta        world_size, strategy, params, theory{sent_bytes_per_step, persistent_bytes},
+                units[{name, bytes}], device, backend
+    memory      label, total_bytes, by_category{6 categories}, [cuda{...}]
+    collective  op, label, payload_bytes, sent_bytes, start, end
+    step        loss, start, end
+    end         (the rank stopped recording)
+
+Every event also carries ``type``, ``rank``, ``step`` and ``run``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+
+import torch.distributed as dist
+
+from .api import expected_costs
+from .comm import CollectiveRecord
+from .live_memory import LiveMemory
+
+EVENTS_DIR_ENV = "FSDP_MINI_EVENTS_DIR"
+
+
+class Recorder:
+    """Rank side: collects this rank's events and writes them to ``directory`` (if any)."""
+
+    def __init__(self, directory: str | None = None, rank: int | None = None, run: str = "run",
+                 flush_seconds: float = 0.1):
+        initialised = dist.is_available() and dist.is_initialized()
+        self.rank = rank if rank is not None else (dist.get_rank() if initialised else 0)
+        self.world_size = dist.get_world_size() if initialised else 1
+        self.run, self.flush_seconds = run, flush_seconds
+        self.events: list[dict] = []     # everything recorded, kept for the rank's own use
+        self._pending: list[str] = []
+        self._last_flush = time.time()
+        self._file = None
+        if directory is not None:
+            os.makedirs(directory, exist_ok=True)
+            self._file = open(os.path.join(directory, f"events_rank{self.rank}.jsonl"), "a")
+        self.model = self.ledger = self.live = None
+        self._step_start = None
+        self.paused = False
+
+    @classmethod
+    def from_env(cls, run: str = "run", **kwargs) -> "Recorder":
+        """A recorder writing where ``launch(..., monitor=...)`` (or ``FSDP_MINI_EVENTS_DIR``)
+        says; without that variable it only keeps events in ``recorder.events``."""
+        return cls(os.environ.get(EVENTS_DIR_ENV), run=run, **kwargs)
+
+    # -- called by parallelize and by the engine ------------------------------------------------
+
+    def attach(self, model, optimizer) -> None:
+        """Start recording a parallelized model (``parallelize(..., recorder=rec)`` calls it)."""
+        engine = model.fsdp_mini
+        self.model, self.ledger = model, engine.comm.ledger
+        self.ledger.subscribe(self._collective)
+        self.live = LiveMemory(model, optimizer).__enter__()
+        units = [{"name": u.name, "bytes": sum(g.layout.padded_numel * g.shard.element_size()
+                                               for g in u.groups)}
+                 for u in getattr(engine, "units", [])]
+        device = next(iter(model.parameters())).device
+        self._emit("meta", time=time.time(), world_size=self.world_size,
+                   strategy=engine.strategy, params=_numel(model, engine), units=units,
+                   theory=expected_costs(model), device=str(device),
+                   backend=dist.get_backend() if self.world_size > 1 else "none")
+        for record in self.ledger.records:  # what happened before we listened (wrap-time sync)
+            self._collective(record)
+        self.ledger.next_step()
+        self._step_start = time.time()
+        self.mark("step_start")
+
+    def mark(self, label: str) -> None:
+        """A memory snapshot at a phase boundary."""
+        if self.live is None or self.paused:
+            return
+        total, by_category = self.live.sample()
+        extra = {"cuda": cuda} if (cuda := self.live.cuda()) else {}
+        self._emit("memory", time=time.time(), label=label, total_bytes=total,
+                   by_category=by_category, **extra)
+
+    def _collective(self, r: CollectiveRecord) -> None:
+        self._emit("collective", step=r.step, op=r.op, label=r.label,
+                   payload_bytes=r.payload_bytes, sent_bytes=r.sent_bytes, start=r.start,
+                   end=r.start + r.seconds)
+
+    # -- called by the training loop ------------------------------------------------------------
+
+    def step_end(self, loss) -> None:
+        """Close this step (with its loss) and open the next one."""
+        if self.paused:
+            self.ledger.next_step()
+            return
+        now = time.time()
+        self.mark("step_end")
+        self._emit("step", loss=float(loss), start=self._step_start, end=now)
+        self.ledger.next_step()
+        self._step_start = now
+        self.flush(force=False)
+
+    def pause(self) -> None:
+        """Stop recording (e.g. around evaluation) until ``resume()``."""
+        if self.live is not None and not self.paused:
+            self.live.__exit__(None, None, None)
+        self.paused = True
+
+    def resume(self) -> None:
+        if self.live is not None and self.paused:
+            self.live.__enter__()
+        self.paused = False
+        self._step_start = time.time()
+
+    def close(self) -> None:
+        if self.live is not None and not self.paused:
+            self.live.__exit__(None, None, None)
+        self.live = None
+        self._emit("end", time=time.time())
+        self.flush(force=True)
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> "Recorder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def _emit(self, kind: str, **fields) -> None:
+        if self.paused and kind != "end":
+            return
+        step = fields.pop("step", self.ledger.step if self.ledger is not None else 0)
+        event = {"type": kind, "rank": self.rank, "step": step, "run": self.run, **fields}
+        self.events.append(event)
+        if self._file is not None:
+            self._pending.append(json.dumps(event))
+            self.flush(force=False)
+
+    def flush(self, force: bool = True) -> None:
+        """Write pending events; unless forced, at most once per ``flush_seconds``."""
+        now = time.time()
+        if self._file is None or not self._pending or (
+                not force and now - self._last_flush < self.flush_seconds):
+            return
+        self._file.write("\n".join(self._pending) + "\n")
+        self._file.flush()
+        self._pending.clear()
+        self._last_flush = now
+
+
+def _numel(model, engine) -> int:
+    from .api import _numel_trainable_and_frozen
+    trainable, frozen = _numel_trainable_and_frozen(engine)
+    return trainable + frozen
+
+
+class EventTail:
+    """Follows the ``events_rank*.jsonl`` files of a folder; ``read()`` returns new events."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self._offsets: dict[str, int] = {}
+        self._partial: dict[str, str] = {}
+
+    def read(self) -> list[dict]:
+        events = []
+        for path in sorted(glob.glob(os.path.join(self.directory, "events_rank*.jsonl"))):
+            with open(path) as f:
+                f.seek(self._offsets.get(path, 0))
+                text = self._partial.pop(path, "") + f.read()
+                self._offsets[path] = f.tell()
+            lines = text.split("\n")
+            if lines[-1]:
+                self._partial[path] = lines[-1]  # a line still being written
+            events.extend(json.loads(line) for line in lines[:-1] if line)
+        return events
+
+
+def load_events(path: str) -> list[dict]:
+    """Every event of a finished job, from its folder (or from one ``.jsonl`` file)."""
+    if os.path.isfile(path):
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    return EventTail(path).read()
+
+
+class LaunchFeed:
+    """What ``launch(..., monitor=...)`` talks to. Subclasses implement ``start(world_size)``,
+    ``update(events)`` and ``finish(ok)``; this class does the tailing in between."""
+
+    poll_seconds = 0.1
+
+    def launch_started(self, world_size: int, events_dir: str) -> None:
+        self._tail, self._last_poll = EventTail(events_dir), 0.0
+        self.start(world_size)
+
+    def launch_poll(self) -> None:
+        if time.time() - self._last_poll >= self.poll_seconds:
+            self._last_poll = time.time()
+            events = self._tail.read()
+            if events:
+                self.update(events)
+
+    def launch_finished(self, ok: bool) -> None:
+        events = self._tail.read()
+        if events:
+            self.update(events)
+        self.finish(ok)
+
+    def start(self, world_size: int) -> None:
+        pass
+
+    def update(self, events: list[dict]) -> None:
+        pass
+
+    def finish(self, ok: bool) -> None:
+        pass
+
+
+class EventLog(LaunchFeed):
+    """The simplest monitor: keeps every event in ``self.events``."""
+
+    def __init__(self):
+        self.events: list[dict] = []
+        self.updates = 0
+
+    def update(self, events: list[dict]) -> None:
+        self.events.extend(events)
+        self.updates += 1
