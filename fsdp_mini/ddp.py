@@ -43,6 +43,11 @@ class DDP:
         self.buckets = split_into_buckets(grad_ready_order(module), int(bucket_mb * 2**20))
         self._in_flight: list[tuple[int, torch.Tensor, Handle]] = []
         self.scheduler = BucketScheduler(self.buckets, self._all_reduce_bucket, self._finish)
+        module.register_forward_hook(lambda *_: self._mark("ddp/forward_done"))
+
+    def _mark(self, label: str) -> None:
+        if self.recorder is not None:
+            self.recorder.mark(label)
 
     def _all_reduce_bucket(self, i: int) -> None:
         # Note: the previous bucket's all-reduce overlapped with the backward that filled this
@@ -52,6 +57,7 @@ class DDP:
             flat = torch.cat([grad_or_zeros(p).reshape(-1) for p in self.buckets[i]])
         handle = self.comm.all_reduce(flat, label=f"bucket{i}", async_op=True)
         self._in_flight.append((i, flat, handle))
+        self._mark(f"bucket{i}/launched")
 
     def _collect(self) -> None:
         """Wait for the buckets in flight and write their averaged gradients back."""
@@ -70,8 +76,7 @@ class DDP:
     def _finish(self) -> None:
         """End of backward: every parameter now holds the gradient of the whole global batch."""
         self._collect()
-        if self.recorder is not None:
-            self.recorder.mark("ddp/backward_end")
+        self._mark("ddp/backward_end")
 
     def memory_categories(self) -> dict[str, list[torch.Tensor]]:
         params = list(self.module.parameters())

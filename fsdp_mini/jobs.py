@@ -54,3 +54,9 @@ def train_gpt(rank: int, world_size: int, strategy: str = "fsdp", steps: int = 5
     totals = {op: t.sent_bytes for op, t in ledger.totals().items()}
     return {"losses": losses, "step_seconds": seconds, "sent_bytes_by_op": totals,
             "sent_bytes": ledger.sent_bytes()}
+
+
+def train_strategies(rank: int, world_size: int, strategies=("ddp", "zero1", "zero2", "fsdp"),
+                     steps: int = 5, model: str = "default", global_batch: int = 8) -> dict:
+    """The same job under each strategy in turn, in one launch (one telemetry run each)."""
+    return {s: train_gpt(rank, world_size, s, steps, model, global_batch) for s in strategies}

@@ -78,6 +78,10 @@ class Recorder:
         self.model, self.ledger = model, engine.comm.ledger
         self.ledger.subscribe(self._collective)
         self.live = LiveMemory(model, optimizer).__enter__()
+        if hasattr(optimizer, "register_step_post_hook"):  # a plain torch optimizer
+            # Note: the model state kept between steps is whole right after the step, before
+            # the training loop's zero_grad() frees the gradients.
+            optimizer.register_step_post_hook(lambda *_: self.mark("optimizer_step"))
         units = [{"name": u.name, "bytes": sum(g.layout.padded_numel * g.shard.element_size()
                                                for g in u.groups)}
                  for u in getattr(engine, "units", [])]

@@ -79,6 +79,11 @@ class Zero:
         self._in_flight: dict[int, tuple[torch.Tensor, torch.Tensor, Handle]] = {}
         if shard_grads:
             self.scheduler = BucketScheduler(groups, self._reduce_scatter_bucket, self._finish)
+        module.register_forward_hook(lambda *_: self.mark(f"{self.strategy}/forward_done"))
+
+    def mark(self, label: str) -> None:
+        if self.recorder is not None:
+            self.recorder.mark(label)
 
     # -- ZeRO-2: during backward ----------------------------------------------------------------
 
@@ -90,6 +95,7 @@ class Zero:
         self._launch(i, full)
         for p in bucket.params:  # the full gradients are no longer needed
             p.grad = None
+        self.mark(f"bucket{i}/launched")
 
     def _collect_shard_grads(self) -> None:
         """Each rank keeps the averaged gradient of the shards it owns."""
@@ -103,8 +109,7 @@ class Zero:
     def _finish(self) -> None:
         """End of backward: the last buckets' shard gradients."""
         self._collect_shard_grads()
-        if self.recorder is not None:
-            self.recorder.mark(f"{self.strategy}/backward_end")
+        self.mark(f"{self.strategy}/backward_end")
 
     # -- ZeRO-1: at the optimizer step ----------------------------------------------------------
 
@@ -167,8 +172,7 @@ class ShardedOptimizer:
             for b in self.zero.buckets:
                 b.shard.grad = None  # ZeRO-1 keeps the full gradients, not a second copy
         self.zero.all_gather_params()
-        if self.zero.recorder is not None:
-            self.zero.recorder.mark(f"{self.zero.strategy}/step_end")
+        self.zero.mark(f"{self.zero.strategy}/step_end")
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -10,3 +10,6 @@ if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)  # so ranks can import `workers` by reference
 
 torch.set_num_threads(1)
+
+# Notebooks size their runs from one config cell: in tests they always run small (the CI size).
+os.environ.setdefault("CI", "true")
