@@ -21,10 +21,9 @@ import torch.distributed as dist
 
 from .api import STRATEGIES, expected_costs, parallelize
 from .launcher import rank_device
-from .memory import track_memory
+from .memory import PERSISTENT, track_memory
 from .models import GPTConfig, SyntheticText, make_model
 
-PERSISTENT = ("params", "grads", "optimizer_state")
 
 
 @dataclass

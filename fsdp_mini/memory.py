@@ -44,6 +44,7 @@ from torch.utils._pytree import tree_leaves
 CATEGORIES = ("params", "gathered_params", "grads", "optimizer_state", "comm_buffers",
               "activations")
 OTHER = "activations"
+PERSISTENT = ("params", "grads", "optimizer_state")  # the model state kept between steps
 
 _current_category: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "fsdp_mini_allocating", default=None)

@@ -28,9 +28,10 @@ from matplotlib.figure import Figure
 
 from . import plots
 from .plots import CATEGORY_COLORS, CATEGORY_NAMES, COMPUTE_COLOR, OP_COLORS, rank_color
+from .memory import CATEGORIES
+from .runstate import Runs, RunState, phase_order
 from .telemetry import LaunchFeed, load_events
-from .units import (CATEGORIES, MEMORY_FORMULA, SENT_FORMULA, Runs, RunState, fmt_bytes,
-                    fmt_rate, fmt_seconds, phase_name, phase_order)
+from .units import MEMORY_FORMULA, SENT_FORMULA, fmt_bytes, fmt_rate, fmt_seconds, phase_name
 
 __all__ = ["Comparison", "Dashboard"]
 
@@ -91,7 +92,7 @@ _THEORY_UNIT = "2px dotted #333"
 # -- the common live machinery --------------------------------------------------------------------
 
 class _Live(W.VBox, LaunchFeed):
-    """Accumulates events in :class:`~fsdp_mini.units.Runs` and redraws, throttled by time."""
+    """Accumulates events in :class:`~fsdp_mini.runstate.Runs` and redraws, throttled by time."""
 
     def __init__(self, min_interval: float = 0.15, image_interval: float = 1.0,
                  clock=time.monotonic, **kwargs):

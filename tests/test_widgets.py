@@ -19,8 +19,9 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 
 from fsdp_mini import plots, widgets  # noqa: E402
-from fsdp_mini.units import (CATEGORIES, RunState, Runs, busbw, busbw_factor,  # noqa: E402
-                             fmt_bytes, fmt_rate, fmt_seconds)
+from fsdp_mini.memory import CATEGORIES  # noqa: E402
+from fsdp_mini.runstate import RunState, Runs  # noqa: E402
+from fsdp_mini.units import busbw, busbw_factor, fmt_bytes, fmt_rate, fmt_seconds  # noqa: E402
 
 RECORDED = os.path.join(os.path.dirname(__file__), "data", "events_fsdp_ws4.jsonl")
 UNITS = [("root", 84_224)] + [(f"blocks.{i}", 787_456) for i in range(4)]  # parameters per unit
