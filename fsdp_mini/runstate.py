@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from .memory import CATEGORIES, PERSISTENT
+from .memory import PERSISTENT
 from .units import OPS, PHASES, algbw, busbw_factor, unit_and_phase
 
 

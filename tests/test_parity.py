@@ -8,7 +8,6 @@ process reference trains on the whole batch.
 import math
 
 import pytest
-import torch
 
 import workers
 from fsdp_mini import launch
