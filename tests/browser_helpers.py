@@ -175,10 +175,11 @@ def _stop(lab: Lab) -> None:
 
 
 @contextlib.contextmanager
-def running_lab(root_dir, log_path, timeout: float = 60.0):
-    """JupyterLab serving ``root_dir`` on 127.0.0.1, a random token, ``CI=true``; always stopped."""
+def running_lab(root_dir, log_path, state_dir, timeout: float = 60.0):
+    """JupyterLab serving ``root_dir`` on 127.0.0.1, a random token, ``CI=true``; always stopped.
+    Its config, settings, workspaces and runtime files go to ``state_dir``, not the user's."""
     port, token = free_port(), secrets.token_hex(24)
-    state = os.path.join(str(root_dir), ".jupyter-state")  # no user settings or workspaces
+    state = str(state_dir)
     env = dict(os.environ, JUPYTER_TOKEN=token, CI="true", PYTHONUNBUFFERED="1",
                JUPYTER_CONFIG_DIR=os.path.join(state, "config"),
                JUPYTERLAB_SETTINGS_DIR=os.path.join(state, "settings"),

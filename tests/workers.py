@@ -247,14 +247,19 @@ def wrap_memory(rank: int, world_size: int, strategy: str):
 
 # -- debugging ---------------------------------------------------------------------------------
 
-def skip_a_unit(rank: int, world_size: int, check: bool):
-    """Rank 1 never calls block 0, so it skips that unit's all-gather: a mismatched sequence."""
+def skip_a_unit(rank: int, world_size: int, check: bool, stamp_dir: str):
+    """Rank 1 never calls block 0, so it skips that unit's all-gather: a mismatched sequence.
+    Each rank stamps the time it starts the forward pass into ``stamp_dir``."""
+    import os
+    import time
     model = make_model(GPTConfig.tiny())
     model, opt = fsdp_mini.parallelize(model, "fsdp", units=list(model.blocks),
                                        check_collectives=check)
     if rank == 1:
         model.blocks = nn.ModuleList(list(model.blocks)[1:])
     x, y = gpt_batch(0, rank, world_size)
+    with open(os.path.join(stamp_dir, f"forward{rank}"), "w") as f:
+        f.write(repr(time.time()))
     model(x, y)[1].backward()
     opt.step()
     return "finished"
