@@ -28,8 +28,10 @@ CATEGORY_NAMES = {"params": "params (kept)", "gathered_params": "gathered params
 OP_COLORS = {"all_gather": "#2A9D8F", "reduce_scatter": "#E76F51", "all_reduce": "#F4A261",
              "broadcast": "#9C89B8", "barrier": "#999999"}
 PHASE_COLORS = {"forward": "#2A9D8F", "backward": "#8FD5CA", "grad": "#E76F51"}
-RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-               "#17becf")
+# Note: rank colours are chosen apart from the category and collective colours above, so a
+# rank's line never reads as a kind of memory.
+RANK_COLORS = ("#222222", "#D62AD0", "#0096C7", "#B5651D", "#6A994E", "#7B2CBF", "#FF006E",
+               "#8D99AE")
 COMPUTE_COLOR = "#C8C8C8"
 STRATEGY_ORDER = ("single", "ddp", "zero1", "zero2", "fsdp")
 

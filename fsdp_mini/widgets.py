@@ -18,6 +18,7 @@ widgets.
 
 from __future__ import annotations
 
+import base64
 import html
 import io
 import time
@@ -99,6 +100,7 @@ class _Live(W.VBox, LaunchFeed):
         super().__init__(**kwargs)
         self.min_interval, self.image_interval, self._clock = min_interval, image_interval, clock
         self.runs, self.redraws, self.figure, self._shown_figure = Runs(), 0, None, None
+        self._handle = None
         self.status, self.world_size = "waiting for events", None
         self._last_draw, self._dirty, self._displayed = float("-inf"), False, False
 
@@ -119,7 +121,9 @@ class _Live(W.VBox, LaunchFeed):
     def start(self, world_size: int) -> None:
         self.world_size, self.status = world_size, "running"
         if not self._displayed:
-            display(self)
+            # Note: displayed with an id, so finish() can add the static figure to this very
+            # output: JupyterLab shows the widget, nbconvert and GitHub the figure.
+            self._handle = display(self, display_id=True)
             self._displayed = True
         self.redraw()
 
@@ -145,7 +149,15 @@ class _Live(W.VBox, LaunchFeed):
             # Note: shown as a PNG, not display(figure): a pyplot-free Figure has a PNG form only
             # while matplotlib's inline backend is loaded, and nbconvert/GitHub need the PNG.
             self.figure = self.static_figure()
-            image = Image(_png(self.figure, dpi=80), format="png")
+            png = _png(self.figure, dpi=80)
+            if self._handle is not None:  # one output: the live widget, or else its figure
+                self._handle.update({
+                    "application/vnd.jupyter.widget-view+json": {
+                        "version_major": 2, "version_minor": 0, "model_id": self.model_id},
+                    "image/png": base64.b64encode(png).decode(),
+                    "text/plain": f"{type(self).__name__} ({self.status})"}, raw=True)
+                return
+            image = Image(png, format="png")
             if self._shown_figure is None:  # the first launch: a new output
                 self._shown_figure = display(image, display_id=True)
             else:  # a later launch (a Comparison's next strategy): replace that output
@@ -181,7 +193,8 @@ class Dashboard(_Live):
         self.steps = W.HTML()
         box = dict(flex="1 1 480px", margin="4px 8px", overflow="auto")
         row = dict(flex_flow="row wrap", align_items="flex-start")
-        memory = W.VBox([W.HTML("<b>Memory per rank</b> (now, stacked by category)"), self.bars,
+        self.memory_title = W.HTML()
+        memory = W.VBox([self.memory_title, self.bars,
                          self.memory_legend], layout=W.Layout(**box))
         self.children = [
             self.header,
@@ -213,7 +226,7 @@ class Dashboard(_Live):
     def render(self, final: bool) -> None:
         run = self.run
         self.header.value = self._header_html(run)
-        self._render_memory(run)
+        self._render_memory(run, final)
         self._render_traffic(run)
         self.steps.value = self._steps_html(run)
         self.units_table.value = self._units_html(run)
@@ -239,8 +252,11 @@ class Dashboard(_Live):
                   f"median step {fmt_seconds(run.step_seconds())}", self.status]
         return f'<div style="{_FONT};font-size:14px">{" · ".join(facts)}</div>'
 
-    def _render_memory(self, run: RunState) -> None:
+    def _render_memory(self, run: RunState, final: bool = False) -> None:
         ranks = self.ranks()
+        # Note: live, the bars show each rank now; once the job is over, at its peak.
+        self.memory_title.value = ("<b>Memory per rank</b> at its peak, stacked by category"
+                                   if final else "<b>Memory per rank</b> now, stacked by category")
         if len(self.bars.children) != len(ranks):
             self.bars.children = [W.HTML() for _ in ranks]
         theory, with_unit = run.theory_persistent(), run.theory_with_unit()
@@ -248,7 +264,7 @@ class Dashboard(_Live):
                               [run.peak(r) for r in ranks]) * 1.0
         scale = self._mem_scale * 1.08
         for bar, r in zip(self.bars.children, ranks):
-            bar.value = self._memory_row(run, r, scale)
+            bar.value = self._memory_row(run, r, scale, final)
         formula = MEMORY_FORMULA.get(run.strategy, "")
         items = [(CATEGORY_NAMES[c], f"background:{CATEGORY_COLORS[c]}") for c in CATEGORIES]
         items.append(("peak so far", f"border-left:{_PEAK};width:0"))
@@ -263,8 +279,8 @@ class Dashboard(_Live):
             [("rank 0 stacked by category; total of", "width:0")] +
             [(f"rank {r}", f"border-top:2px solid {rank_color(r)};height:0") for r in ranks])
 
-    def _memory_row(self, run: RunState, r: int, scale: float) -> str:
-        ev = run.rank(r).memory
+    def _memory_row(self, run: RunState, r: int, scale: float, final: bool = False) -> str:
+        ev = run.rank(r).peak if final else run.rank(r).memory
         now = ev["total_bytes"] if ev else 0
         segments = [(ev["by_category"].get(c, 0), CATEGORY_COLORS[c],
                      f"{CATEGORY_NAMES[c]}: {fmt_bytes(ev['by_category'].get(c, 0))}")
@@ -274,7 +290,8 @@ class Dashboard(_Live):
             markers.append((run.theory_persistent(), _THEORY, "formula: model state"))
         if run.theory_with_unit() is not None:
             markers.append((run.theory_with_unit(), _THEORY_UNIT, "formula: + one unit"))
-        label = html.escape(ev["label"]) if ev else "no snapshot yet"
+        label = (("at peak: " if final else "now: ") + html.escape(ev["label"])
+                 if ev else "no snapshot yet")
         cuda = ev.get("cuda") if ev else None
         extra = (f" · CUDA alloc {fmt_bytes(cuda.get('allocated_bytes'))}, reserved "
                  f"{fmt_bytes(cuda.get('reserved_bytes'))}" if cuda else "")

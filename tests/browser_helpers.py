@@ -1,8 +1,11 @@
 """Helpers for tests/test_browser.py: a JupyterLab server on localhost, and process bookkeeping.
 
-The server runs in its own process group; ``running_lab`` records every process it starts
-(kernel, training ranks) while it runs, shuts the kernels down through the REST API, stops the
-group (SIGTERM, then SIGKILL), kills whatever of them is still alive and lists it in ``leaked``.
+The server runs in its own process group. Everything it starts (kernel, training ranks, which
+run in sessions of their own) inherits an environment variable ``MARKER`` set to the server's
+token, so they are found even once orphaned, and processes of other test runs on the same machine
+are never mistaken for them. ``running_lab`` records them while it runs, shuts the kernels down
+through the REST API, stops the group (SIGTERM, then SIGKILL), kills whatever is still alive and
+lists it in ``leaked``.
 """
 
 from __future__ import annotations
@@ -82,6 +85,21 @@ def processes_matching(text: str) -> set[int]:
             and text in cmdline(int(p)) and not _is_zombie(int(p))}
 
 
+def processes_with_env(name: str, value: str) -> set[int]:
+    """Live processes whose environment has ``name=value`` (inherited by all descendants)."""
+    needle, out = f"{name}={value}".encode(), set()
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/environ", "rb") as f:
+                if needle in f.read().split(b"\0") and not _is_zombie(int(p)):
+                    out.add(int(p))
+        except OSError:
+            pass
+    return out
+
+
 def alive(pid: int, start_time: int | None) -> bool:
     """``pid`` is still the process first seen with ``start_time``, and not a zombie."""
     return (start_time is not None and _start_time(pid) == start_time
@@ -89,6 +107,8 @@ def alive(pid: int, start_time: int | None) -> bool:
 
 
 # -- JupyterLab ---------------------------------------------------------------------------------
+
+MARKER = "FSDP_MINI_BROWSER_TEST"
 
 
 def free_port() -> int:
@@ -119,9 +139,13 @@ class Lab:
             body = r.read()
         return json.loads(body) if body else None
 
+    def ours(self) -> set[int]:
+        """Live processes started from this server (the server itself excluded)."""
+        return processes_with_env(MARKER, self.token) - {self.proc.pid}
+
     def record_processes(self) -> set[int]:
         """Remember every process the server has started so far (kernel, ranks)."""
-        found = descendants(self.proc.pid)
+        found = (descendants(self.proc.pid) | self.ours()) - {self.proc.pid}
         for pid in found:
             if pid not in self.seen:
                 self.seen[pid] = (_start_time(pid), cmdline(pid))
@@ -139,7 +163,7 @@ def _wait_ready(lab: Lab, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if lab.proc.poll() is not None:
-            raise RuntimeError(f"JupyterLab exited with {lab.proc.returncode}:\n{lab.log()[-4000:]}")
+            raise RuntimeError(f"JupyterLab exited ({lab.proc.returncode}):\n{lab.log()[-4000:]}")
         try:
             lab.api("api/status", timeout=2)
             return
@@ -167,6 +191,7 @@ def _stop(lab: Lab) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(alive(p, s) for p, (s, _) in lab.seen.items()):
         time.sleep(0.2)
+    lab.record_processes()  # orphans, if any, still carry the marker
     for pid, (start, cmd) in lab.seen.items():
         if alive(pid, start):
             lab.leaked.append(f"{pid}: {cmd}")
@@ -180,7 +205,7 @@ def running_lab(root_dir, log_path, state_dir, timeout: float = 60.0):
     Its config, settings, workspaces and runtime files go to ``state_dir``, not the user's."""
     port, token = free_port(), secrets.token_hex(24)
     state = str(state_dir)
-    env = dict(os.environ, JUPYTER_TOKEN=token, CI="true", PYTHONUNBUFFERED="1",
+    env = dict(os.environ, JUPYTER_TOKEN=token, CI="true", **{MARKER: token}, PYTHONUNBUFFERED="1",
                JUPYTER_CONFIG_DIR=os.path.join(state, "config"),
                JUPYTERLAB_SETTINGS_DIR=os.path.join(state, "settings"),
                JUPYTERLAB_WORKSPACES_DIR=os.path.join(state, "workspaces"),

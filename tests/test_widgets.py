@@ -166,9 +166,18 @@ class Shown(list):
         self.append(obj)
         return self if display_id else None
 
-    def update(self, obj):
+    def update(self, obj, raw=False):
         self.updates.append(obj)
-        self[-1] = obj
+        self[-1] = _Bundle(obj) if raw else obj
+
+
+class _Bundle(dict):
+    """A raw mime bundle passed to a display update; ``.data`` is its PNG, decoded."""
+
+    @property
+    def data(self) -> bytes:
+        import base64
+        return base64.b64decode(self["image/png"])
 
 
 @pytest.fixture
@@ -374,8 +383,9 @@ def test_comparison_shows_four_strategies(shown):
         cmp.start(4)
         cmp.update(synthetic_run(strategy, 4, t0=1.7e9 + 10 * i))
         cmp.finish(True)
-    assert shown[0] is cmp and len(shown) == 2  # the widget, then one figure ...
-    assert len(shown.updates) == 3               # ... replaced after each later launch
+    assert len(shown) == 1 and shown.updates[0] is not cmp  # one output: the widget ...
+    assert len(shown.updates) == 4               # ... given its figure after each launch
+    assert shown[-1]["application/vnd.jupyter.widget-view+json"]["model_id"] == cmp.model_id
     runs = plots.ordered_runs(cmp.runs)
     assert [run.name for run in runs] == ["ddp", "zero1", "zero2", "fsdp"]
     for run in runs:
