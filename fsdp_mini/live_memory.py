@@ -39,8 +39,10 @@ class LiveMemory:
 
     def __init__(self, *sources):
         self.sources = sources
-        self._saved: dict[int, weakref.ref] = {}
+        self._saved: dict[int, int] = {}  # storage -> its bytes when autograd saved it
+        self._saved_bytes = 0             # their sum, kept up to date (no loop at sample time)
         self._hooks = None
+        self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
 
     def __enter__(self) -> "LiveMemory":
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
@@ -55,8 +57,13 @@ class LiveMemory:
         for st in ((t.untyped_storage(),) if type(t) in _TENSORS else _storages(t)):
             key = st._cdata
             if key not in self._saved:
-                self._saved[key] = weakref.ref(st, lambda _, key=key: self._saved.pop(key, None))
+                self._saved[key] = nbytes = st.nbytes()
+                self._saved_bytes += nbytes
+                weakref.finalize(st, self._release, key)
         return t
+
+    def _release(self, key: int) -> None:
+        self._saved_bytes -= self._saved.pop(key, 0)
 
     def sample(self) -> tuple[int, dict[str, int]]:
         """(total bytes, bytes by category) now. A storage is counted once, in the first
@@ -76,16 +83,13 @@ class LiveMemory:
                             seen.add(key)
                             total += st.nbytes()
                 by_category[category] += total
-        for key, ref in list(self._saved.items()):
-            st = ref()
-            if st is not None and key not in seen:
-                seen.add(key)
-                by_category[OTHER] += st.nbytes()
+        # activations: what autograd saved, less what a source already counted (weights, say)
+        claimed = sum(self._saved.get(key, 0) for key in seen)
+        by_category[OTHER] += self._saved_bytes - claimed
         return sum(by_category.values()), by_category
 
-    @staticmethod
-    def cuda() -> dict[str, int]:
-        return _cuda_figures()
+    def cuda(self) -> dict[str, int]:
+        return _cuda_figures() if self._cuda else {}
 
 
 _TENSORS = (torch.Tensor, torch.nn.Parameter)

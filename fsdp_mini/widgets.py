@@ -25,13 +25,13 @@ import time
 
 import ipywidgets as W
 from IPython.display import Image, display
-from matplotlib.figure import Figure
 
 from . import plots
 from .plots import CATEGORY_COLORS, CATEGORY_NAMES, COMPUTE_COLOR, OP_COLORS, rank_color
 from .memory import CATEGORIES
 from .runstate import Runs, RunState, phase_order
 from .telemetry import LaunchFeed, load_events
+from .timeline_svg import memory_timeline_svg
 from .units import MEMORY_FORMULA, SENT_FORMULA, fmt_bytes, fmt_rate, fmt_seconds, phase_name
 
 __all__ = ["Comparison", "Dashboard"]
@@ -95,10 +95,9 @@ _THEORY_UNIT = "2px dotted #333"
 class _Live(W.VBox, LaunchFeed):
     """Accumulates events in :class:`~fsdp_mini.runstate.Runs` and redraws, throttled by time."""
 
-    def __init__(self, min_interval: float = 0.15, image_interval: float = 1.0,
-                 clock=time.monotonic, **kwargs):
+    def __init__(self, min_interval: float = 0.15, clock=time.monotonic, **kwargs):
         super().__init__(**kwargs)
-        self.min_interval, self.image_interval, self._clock = min_interval, image_interval, clock
+        self.min_interval, self._clock = min_interval, clock
         self.runs, self.redraws, self.figure, self._shown_figure = Runs(), 0, None, None
         self._handle = None
         self.status, self.world_size = "waiting for events", None
@@ -185,7 +184,7 @@ class Dashboard(_Live):
         self.header = W.HTML()
         self.bars = W.VBox()
         self.memory_legend = W.HTML()
-        self.timeline = W.Image(format="png", width="640", layout=W.Layout(max_width="100%"))
+        self.timeline = W.HTML(layout=W.Layout(max_width="100%"))
         self.timeline_caption = W.HTML()
         self.traffic = W.HTML()
         self.units_table = W.HTML()
@@ -206,7 +205,7 @@ class Dashboard(_Live):
             W.HBox([W.VBox([self.units_table], layout=W.Layout(**box)),
                     W.VBox([self.bandwidth], layout=W.Layout(**box))], layout=W.Layout(**row))]
         self._mem_scale = self._sent_scale = 0.0
-        self._image_at, self._image_events = float("-inf"), -1
+        self._image_events = -1
         self.render(final=False)
 
     def start(self, world_size: int) -> None:
@@ -231,11 +230,9 @@ class Dashboard(_Live):
         self.steps.value = self._steps_html(run)
         self.units_table.value = self._units_html(run)
         self.bandwidth.value = self._bandwidth_html(run)
-        now = self._clock()
-        due = final or now - self._image_at >= self.image_interval
-        if run.events != self._image_events and due:
-            self._image_at, self._image_events = now, run.events
-            self.timeline.value = _timeline_png(run)
+        if run.events != self._image_events or final:
+            self._image_events = run.events
+            self.timeline.value = memory_timeline_svg(run)
 
     def static_figure(self):
         return plots.dashboard_figure(self.run)
@@ -378,14 +375,6 @@ def _lane(intervals, t0, span) -> str:
              for s, e, color, tip in intervals]
     return (f'<div style="position:relative;height:9px;margin:2px 0;background:#f6f6f6">'
             f'{"".join(parts)}</div>')
-
-
-def _timeline_png(run: RunState) -> bytes:
-    """The memory timeline as a PNG, kept cheap (~0.1 s): fixed margins, no legend."""
-    fig = Figure(figsize=(6.4, 3.0))
-    fig.subplots_adjust(left=0.14, right=0.98, top=0.9, bottom=0.16)
-    plots.memory_timeline(run, fig.add_subplot(), steps=2, legend=False)
-    return _png(fig, dpi=100)  # 640 x 300 pixels, shown at that size
 
 
 def _png(fig, dpi) -> bytes:

@@ -303,7 +303,9 @@ def test_dashboard_shows_one_bar_per_rank_with_readable_sizes():
     assert fmt_bytes(run.sent_total(0, 3)) in dash.traffic.value
     assert "blocks.3" in dash.units_table.value and "busbw" in dash.bandwidth.value
     assert dash.steps.value.count("rank ") >= 4 and "step 3" in dash.header.value
-    assert bytes(dash.timeline.value).startswith(b"\x89PNG")
+    svg = dash.timeline.value  # the live timeline: inline SVG, one polygon per category
+    assert svg.startswith("<svg") and svg.count("<polygon") == len(CATEGORIES)
+    assert svg.count("<polyline") == 4 and "step 3" in svg  # one total line per rank
 
 
 def test_update_is_throttled_and_finish_draws_and_shows_a_figure(shown):
