@@ -48,6 +48,11 @@ class FlatShard:
     """
 
     def __init__(self, slots: list[ParamSlot], comm: Comm, label: str, requires_grad: bool):
+        kinds = {(s.param.dtype, s.param.device) for s in slots}
+        if len(kinds) > 1:
+            raise ValueError(f"unit {label!r} mixes parameter dtypes/devices {sorted(map(str, kinds))}"
+                             f"; one flat buffer needs one kind: move or cast the model first, or "
+                             f"put the odd modules in a unit of their own")
         self.layout, self.comm, self.label = FlatLayout(slots, comm.world_size), comm, label
         with torch.no_grad():
             full = self.layout.flatten([s.param.detach() for s in slots])
@@ -281,6 +286,10 @@ def _check_units(module: nn.Module, units: list[nn.Module]) -> dict[int, str]:
             raise TypeError(f"units must be nn.Modules, got a {type(u).__name__}")
         if u is module:
             raise ValueError("the root module is always a unit; list only its submodules in units=")
+        if isinstance(u, (nn.ModuleList, nn.ModuleDict)):
+            raise ValueError(f"unit {names.get(id(u), type(u).__name__)!r} is a "
+                             f"{type(u).__name__}, which is never called, so it would never be "
+                             f"gathered; pass the modules inside it, e.g. units=list(model.blocks)")
         if id(u) not in names:
             raise ValueError(f"unit {type(u).__name__} is not a submodule of the model; pass "
                              f"modules reached from it, e.g. units=list(model.blocks)")

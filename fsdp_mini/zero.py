@@ -37,6 +37,10 @@ class ZeroBucket:
     ``flat_grad``, the parameters' gradients live in a second flat buffer of the same layout."""
 
     def __init__(self, params: list[nn.Parameter], comm: Comm, flat_grad: bool):
+        kinds = {(p.dtype, p.device) for p in params}
+        if len(kinds) > 1:
+            raise ValueError(f"a ZeRO bucket would mix parameter dtypes/devices "
+                             f"{sorted(map(str, kinds))}; move or cast the model to one first")
         self.params = params
         self.layout = FlatLayout([ParamSlot(p, [], []) for p in params], comm.world_size)
         with torch.no_grad(), allocating("params"):

@@ -30,6 +30,18 @@ def test_units_must_be_submodules():
         fsdp_mini.parallelize(model, "fsdp", units=[model])
 
 
+def test_a_container_is_not_a_unit():
+    model = tiny()
+    with pytest.raises(ValueError, match=r"'blocks' is a ModuleList, which is never called.*list"):
+        fsdp_mini.parallelize(model, "fsdp", units=[model.blocks])
+
+
+def test_one_unit_one_dtype():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2).to(torch.float64))
+    with pytest.raises(ValueError, match="mixes parameter dtypes"):
+        fsdp_mini.parallelize(model, "fsdp")
+
+
 def test_units_must_not_overlap():
     model = tiny()
     with pytest.raises(ValueError, match=r"units overlap: 'blocks.0.attn' is inside 'blocks.0'"):
