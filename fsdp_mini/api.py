@@ -96,7 +96,7 @@ def expected_costs(model: nn.Module, optim_bytes: int = 8) -> dict[str, float]:
     its own padding: bytes sent per rank per step, and persistent model-state bytes per rank."""
     engine = _engine_of(model)
     n = engine.comm.world_size
-    numel, frozen = _numel_trainable_and_frozen(engine)
+    numel, frozen = numel_trainable_and_frozen(engine)
     persistent = partial(theory.persistent_bytes, engine.strategy, numel, n,
                          optim_bytes=optim_bytes)
     if engine.strategy == "single":
@@ -118,7 +118,8 @@ def expected_costs(model: nn.Module, optim_bytes: int = 8) -> dict[str, float]:
                                            frozen_numel=sum(s.frozen for s in sizes))}
 
 
-def _numel_trainable_and_frozen(engine) -> tuple[int, int]:
+def numel_trainable_and_frozen(engine) -> tuple[int, int]:
+    """Elements of the original model: (trainable, frozen), each parameter counted once."""
     if isinstance(engine, FSDP):
         slots = [s for u in engine.units for g in u.groups for s in g.layout.slots]
         return (sum(s.numel for s in slots if s.requires_grad),

@@ -83,9 +83,6 @@ class DDP:
         return {"params": params, "grads": [p.grad for p in params],
                 "comm_buffers": [flat for _, flat, _ in self._in_flight]}
 
-    def trainable_numel(self) -> int:
-        return sum(p.numel() for b in self.buckets for p in b)
-
 
 def _split_like(flat: torch.Tensor, params: list[nn.Parameter]) -> list[torch.Tensor]:
     return [g.view_as(p) for g, p in zip(flat.split([p.numel() for p in params]), params)]

@@ -148,6 +148,11 @@ class Unit:
         module.register_forward_pre_hook(self.pre_forward)
         module.register_forward_hook(self.post_forward)
 
+    @property
+    def padded_bytes(self) -> int:
+        """Bytes of the whole unit once gathered (all its flat groups, padding included)."""
+        return sum(g.layout.padded_numel * g.shard.element_size() for g in self.groups)
+
     # -- forward --------------------------------------------------------------------------------
 
     def pre_forward(self, module, args) -> None:

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, Locator, MaxNLocator
 
 from .memory import CATEGORIES
+from .theory import STRATEGIES
 from .runstate import Runs, RunState, phase_order
 from .units import fmt_bytes, fmt_rate, fmt_seconds, phase_name
 
@@ -33,7 +34,6 @@ PHASE_COLORS = {"forward": "#2A9D8F", "backward": "#8FD5CA", "grad": "#E76F51"}
 RANK_COLORS = ("#222222", "#D62AD0", "#0096C7", "#B5651D", "#6A994E", "#7B2CBF", "#FF006E",
                "#8D99AE")
 COMPUTE_COLOR = "#C8C8C8"
-STRATEGY_ORDER = ("single", "ddp", "zero1", "zero2", "fsdp")
 
 
 class BinaryLocator(Locator):
@@ -318,7 +318,7 @@ def _loss(run: RunState) -> str:
 
 
 def ordered_runs(runs: Runs) -> list[RunState]:
-    key = {name: i for i, name in enumerate(STRATEGY_ORDER)}
+    key = {name: i for i, name in enumerate(STRATEGIES)}
     return sorted(runs, key=lambda run: key.get(run.strategy, len(key)))
 
 

@@ -37,7 +37,7 @@ import time
 
 import torch.distributed as dist
 
-from .api import expected_costs
+from .api import expected_costs, numel_trainable_and_frozen
 from .comm import CollectiveRecord
 from .live_memory import LiveMemory
 
@@ -82,12 +82,11 @@ class Recorder:
             # Note: the model state kept between steps is whole right after the step, before
             # the training loop's zero_grad() frees the gradients.
             optimizer.register_step_post_hook(lambda *_: self.mark("optimizer_step"))
-        units = [{"name": u.name, "bytes": sum(g.layout.padded_numel * g.shard.element_size()
-                                               for g in u.groups)}
-                 for u in getattr(engine, "units", [])]
+        units = [{"name": u.name, "bytes": u.padded_bytes} for u in getattr(engine, "units", [])]
         device = next(iter(model.parameters())).device
         self._emit("meta", time=time.time(), world_size=self.world_size,
-                   strategy=engine.strategy, params=_numel(model, engine), units=units,
+                   strategy=engine.strategy, params=sum(numel_trainable_and_frozen(engine)),
+                   units=units,
                    theory=expected_costs(model), device=str(device),
                    backend=dist.get_backend() if self.world_size > 1 else "none")
         for record in self.ledger.records:  # what happened before we listened (wrap-time sync)
@@ -174,12 +173,6 @@ class Recorder:
         self._file.flush()
         self._pending.clear()
         self._last_flush = now
-
-
-def _numel(model, engine) -> int:
-    from .api import _numel_trainable_and_frozen
-    trainable, frozen = _numel_trainable_and_frozen(engine)
-    return trainable + frozen
 
 
 class EventTail:
