@@ -70,7 +70,7 @@ def compare_on_rank(rank: int, world_size: int, config: CompareConfig) -> dict:
     out = {}
     for i, strategy in enumerate(config.strategies):
         if strategy == "single":
-            result = _run_single(rank, world_size, config, data) if rank == 0 else None
+            result = _run("single", 0, 1, config, data, whole_batch=True) if rank == 0 else None
             if world_size > 1:
                 dist.barrier()
         else:
@@ -81,10 +81,6 @@ def compare_on_rank(rank: int, world_size: int, config: CompareConfig) -> dict:
             _progress_bar(i + 1, len(config.strategies), strategy)
         gc.collect()
     return out
-
-
-def _run_single(rank, world_size, config, data):
-    return _run("single", rank, 1, config, data, whole_batch=True)
 
 
 def _run(strategy, rank, world_size, config, data, whole_batch=False):
@@ -115,7 +111,7 @@ def _run(strategy, rank, world_size, config, data, whole_batch=False):
         torch.cuda.synchronize(device)
     persistent = sum(mem.snapshots[-1].by_category[c] for c in PERSISTENT)
     theory = expected_costs(model)
-    result = RankResult(rank, mem.own_peak_bytes, mem.own_peak_by_category, persistent, sent,
+    result = RankResult(rank, mem.own_peak_bytes, dict(mem.peak_by_category), persistent, sent,
                         statistics.median(times), losses[-1], losses)
     return {"theory": theory, "rank": result}
 

@@ -26,6 +26,11 @@ to ``track_memory`` claims it: an object with a ``memory_categories()`` method (
 wrapped models and optimizers), a plain ``nn.Module`` (its parameters and their gradients) or a
 ``torch.optim.Optimizer`` (its state). Sources are consulted at entry, at each ``mark`` and when a
 new peak is reached, so the breakdown at the peak is exact.
+
+Tensors alive at entry that no source claims (another model, a dataset) count in the process
+totals (``current_bytes``, ``peak_bytes``) but in no category: ``own_peak_bytes`` and the
+categories describe the block's work and its sources alone, so two models living side by side in
+one process can be measured one after the other.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from torch.utils._pytree import tree_leaves
 CATEGORIES = ("params", "gathered_params", "grads", "optimizer_state", "comm_buffers",
               "activations")
 OTHER = "activations"
+EXTERNAL = "external"  # alive at entry, claimed by no source: in the totals, in no category
 PERSISTENT = ("params", "grads", "optimizer_state")  # the model state kept between steps
 
 _current_category: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -88,6 +94,8 @@ class MemoryTracker:
     by_category: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     peak_by_category: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     at_peak: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    own_peak_bytes: int = 0   # highest total of the categories (the process less EXTERNAL)
+    external_bytes: int = 0
     entry_bytes: int = 0
     entry_by_category: dict[str, int] = field(default_factory=dict)
     snapshots: list[Snapshot] = field(default_factory=list)
@@ -112,25 +120,11 @@ class MemoryTracker:
         """Start a new peak window from the current state (e.g. between phases)."""
         self._classify_sources()
         self.peak_bytes = self.current_bytes
+        self.own_peak_bytes = self.current_bytes - self.external_bytes
         self.peak_by_category = dict(self.by_category)
         self.at_peak = dict(self.by_category)
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.reset_peak_memory_stats()
-
-    @property
-    def own_peak_bytes(self) -> int:
-        """Peak minus the bytes that were alive at entry and no source claimed: the peak this
-        block's work and its sources would reach in a process holding nothing else. Use it to
-        compare two models living side by side in one process."""
-        return self.peak_bytes - self.entry_by_category.get(OTHER, 0)
-
-    @property
-    def own_peak_by_category(self) -> dict[str, int]:
-        """``peak_by_category`` with the unclaimed bytes alive at entry taken out of
-        ``activations``, as in :attr:`own_peak_bytes`."""
-        own = dict(self.peak_by_category)
-        own[OTHER] -= self.entry_by_category.get(OTHER, 0)
-        return own
 
     def category_bytes(self) -> dict[str, int]:
         self._classify_sources()
@@ -161,20 +155,26 @@ class MemoryTracker:
         entry = self._live[key]
         entry.nbytes += delta
         self.current_bytes += delta
-        cat = entry.category
-        self.by_category[cat] += delta
-        if self.by_category[cat] > self.peak_by_category[cat]:
-            self.peak_by_category[cat] = self.by_category[cat]
-        if self.current_bytes > self.peak_bytes:
-            self.peak_bytes = self.current_bytes
+        self._count(entry.category, delta)
+        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+        if self.current_bytes - self.external_bytes > self.own_peak_bytes:
+            self.own_peak_bytes = self.current_bytes - self.external_bytes
             self._classify_sources()
             self.at_peak = dict(self.by_category)
+
+    def _count(self, category: str, delta: int) -> None:
+        if category == EXTERNAL:
+            self.external_bytes += delta
+            return
+        self.by_category[category] += delta
+        if self.by_category[category] > self.peak_by_category[category]:
+            self.peak_by_category[category] = self.by_category[category]
 
     def _forget(self, key: int) -> None:
         entry = self._live.pop(key, None)
         if entry is not None:
             self.current_bytes -= entry.nbytes
-            self.by_category[entry.category] -= entry.nbytes
+            self._count(entry.category, -entry.nbytes)
 
     def _set_category(self, t, category: str) -> None:
         for st in _storages(t):
@@ -182,11 +182,9 @@ class MemoryTracker:
             if entry is None:
                 self._see(st, category)
             elif entry.category != category:
-                self.by_category[entry.category] -= entry.nbytes
+                self._count(entry.category, -entry.nbytes)
                 entry.category = category
-                self.by_category[category] += entry.nbytes
-                self.peak_by_category[category] = max(self.peak_by_category[category],
-                                                      self.by_category[category])
+                self._count(category, entry.nbytes)
 
     def _classify_sources(self) -> None:
         if not self.active or self._classifying:
@@ -250,7 +248,8 @@ def track_memory(*sources):
 
         with track_memory(model, optimizer) as mem:
             loss = model(x).sum(); loss.backward(); optimizer.step()
-        mem.peak_bytes                        # highest total seen in the block
+        mem.peak_bytes                        # highest total of the process in the block
+        mem.own_peak_bytes                    # ... counting only the categories below
         mem.peak_by_category["params"]        # 1000/4 x 4 B = 1000 B: the shard, not the model
         mem.at_peak                           # breakdown at the moment of the peak
 
@@ -270,6 +269,12 @@ def track_memory(*sources):
     resize_._fsdp_mini_tracker = True
     _count_existing_tensors(tracker)
     tracker.active = True
+    tracker._classify_sources()
+    for entry in tracker._live.values():  # what no source claimed belongs to someone else
+        if entry.category == OTHER:
+            tracker._count(OTHER, -entry.nbytes)
+            entry.category = EXTERNAL
+            tracker._count(EXTERNAL, entry.nbytes)
     tracker.reset_peak()
     tracker.entry_bytes, tracker.entry_by_category = tracker.current_bytes, dict(tracker.by_category)
     torch.UntypedStorage.resize_ = resize_

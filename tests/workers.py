@@ -186,9 +186,9 @@ def fsdp_peak(rank: int, world_size: int, width: int = 256, depth: int = 4):
         model(x).backward()
         optimizer.step()
         optimizer.zero_grad()
-    unit_bytes = [sum(g.layout.padded_numel for g in u.groups) * 4 for u in model.fsdp_mini.units]
+    unit_bytes = [u.padded_bytes for u in model.fsdp_mini.units]
     return {"own_peak": mem.own_peak_bytes, "peak": mem.peak_bytes, "start": start,
-            "entry_other": mem.entry_by_category["activations"], "unit_bytes": unit_bytes,
+            "external": mem.external_bytes, "unit_bytes": unit_bytes,
             "at_peak": mem.at_peak, "expected": fsdp_mini.expected_costs(model)}
 
 
