@@ -5,6 +5,7 @@ pointed this process's stdout/stderr at `rank{RANK}.log`. This rank writes back 
 `rank{RANK}.result` (torch.save of fn's return value) or `rank{RANK}.error` (JSON with the exception
 type, message, traceback and the time it happened, which the caller uses to find the first failure).
 """
+import atexit
 import ctypes
 import faulthandler
 import json
@@ -106,6 +107,13 @@ def main(launch_dir, rank):
         # then see "connection closed" right away instead of waiting for the timeout.
         os._exit(1)
     dist.destroy_process_group()
+    # Note: leave without the interpreter's teardown. Its C++ destructors (a communication thread
+    # still joinable) can abort a rank whose work is done and saved ("terminate called without an
+    # active exception"): seen once in CI. Exit handlers and output are flushed first.
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
