@@ -201,11 +201,12 @@ def _stop(lab: Lab) -> None:
 
 @contextlib.contextmanager
 def running_lab(root_dir, log_path, state_dir, timeout: float = 60.0):
-    """JupyterLab serving ``root_dir`` on 127.0.0.1, a random token, ``CI=true``; always stopped.
+    """JupyterLab serving ``root_dir`` on 127.0.0.1, a random token, ``CI=true`` with 25 steps (long enough to watch
+    the dashboard fill while the cell runs); always stopped.
     Its config, settings, workspaces and runtime files go to ``state_dir``, not the user's."""
     port, token = free_port(), secrets.token_hex(24)
     state = str(state_dir)
-    env = dict(os.environ, JUPYTER_TOKEN=token, CI="true", **{MARKER: token}, PYTHONUNBUFFERED="1",
+    env = dict(os.environ, JUPYTER_TOKEN=token, CI="true", FSDP_MINI_STEPS="25", **{MARKER: token}, PYTHONUNBUFFERED="1",
                JUPYTER_CONFIG_DIR=os.path.join(state, "config"),
                JUPYTERLAB_SETTINGS_DIR=os.path.join(state, "settings"),
                JUPYTERLAB_WORKSPACES_DIR=os.path.join(state, "workspaces"),
