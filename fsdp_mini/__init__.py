@@ -8,12 +8,13 @@ Layers, each importing only the ones above it in this list:
     launcher  launch(fn, N): run a function on N processes (gloo on CPU, NCCL on GPUs)
 """
 
-from .api import STRATEGIES, expected_costs, full_state_dict, parallelize
+from .api import STRATEGIES, expected_costs, full_state_dict, parallelize, summon_full_params
+from .clip import clip_grad_norm_
 from .comm import Comm, Ledger
 from .memory import CATEGORIES, allocating, track_memory
 
 from .launcher import LaunchError, LaunchTimeoutError, launch, rank_device, run_with_torchrun
 
 __all__ = ["STRATEGIES", "CATEGORIES", "Comm", "LaunchError", "LaunchTimeoutError", "Ledger",
-           "allocating", "expected_costs", "full_state_dict", "launch", "parallelize", "rank_device",
-           "run_with_torchrun", "track_memory"]
+           "allocating", "clip_grad_norm_", "expected_costs", "full_state_dict", "launch", "parallelize", "rank_device",
+           "run_with_torchrun", "summon_full_params", "track_memory"]

@@ -6,12 +6,23 @@
 
 The module is changed in place (hooks, flat buffers) and returned; ``model.fsdp_mini`` holds the
 strategy's state: its ``comm`` (with the ``ledger`` of collectives), buckets or units.
+
+Used like plain torch means the habits too: a parameter that gets no gradient keeps
+``grad is None`` and the optimizer leaves it alone; ``requires_grad_(False)`` after
+``parallelize`` freezes it; ``model.zero_grad()`` works; ``print(model)`` and reading a weight
+are safe at any time (under fsdp outside forward a weight is this rank's 1-D piece of it;
+``summon_full_params`` gathers the whole ones). One thing is not plain torch: clip with
+``fsdp_mini.clip_grad_norm_(model, max_norm)``, not ``torch.nn.utils.clip_grad_norm_``, whose
+norm under zero and fsdp would be one rank's (the kit raises an error where it can see that).
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
+from contextlib import contextmanager
 from functools import partial
+from numbers import Real
 
 import torch
 from torch import nn
@@ -20,24 +31,13 @@ from . import theory
 from .comm import Comm, Ledger
 from .ddp import DDP
 from .fsdp import FSDP
-from .zero import ShardedOptimizer, Zero
+from .strategy import Single
+from .wrap import make_parallel
+from .zero import Zero
 
 STRATEGIES = theory.STRATEGIES
 _OPTIONS = {"single": set(), "ddp": {"bucket_mb"}, "zero1": {"bucket_mb"},
             "zero2": {"bucket_mb"}, "fsdp": {"reshard_after_forward"}}
-
-
-class Single:
-    """No parallelism: the reference every strategy must reproduce."""
-
-    strategy = "single"
-
-    def __init__(self, module: nn.Module, comm: Comm):
-        self.module, self.comm = module, comm
-
-    def memory_categories(self):
-        params = list(self.module.parameters())
-        return {"params": params, "grads": [p.grad for p in params]}
 
 
 def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.AdamW, lr=1e-3),
@@ -48,10 +48,11 @@ def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.
     Args:
         strategy: "single", "ddp", "zero1", "zero2" or "fsdp".
         optimizer: a factory called with the parameters this rank must optimise, e.g.
-            ``partial(torch.optim.SGD, lr=0.1, momentum=0.9)``.
+            ``partial(torch.optim.SGD, lr=0.1, momentum=0.9)``. Under zero and fsdp these are
+            *pieces*: the part of each parameter inside this rank's shard (possibly empty).
         units: for "fsdp", the submodules that are gathered and freed one at a time (e.g.
-            ``list(model.blocks)``); the root holds the rest. Ignored by other strategies, so one
-            loop can try them all.
+            ``list(model.blocks)``; any iterable of modules); the root holds the rest. Ignored by
+            other strategies, so one loop can try them all.
         process_group: defaults to the whole world (or a single process without
             ``torch.distributed``).
         ledger: where collectives are recorded (a new :class:`~fsdp_mini.comm.Ledger` if None).
@@ -60,7 +61,13 @@ def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.
         check_collectives: debug mode: ranks compare every collective before issuing it and
             raise a clear error on the first mismatch instead of hanging (see ``comm``).
         options: ``bucket_mb`` (ddp, zero1, zero2), ``reshard_after_forward`` (fsdp).
+
+    Gradient clipping: use ``fsdp_mini.clip_grad_norm_(model, max_norm)``. Under zero1, zero2
+    and fsdp, ``torch.nn.utils.clip_grad_norm_(model.parameters(), ...)`` would see only this
+    rank's gradients (unreduced, absent or sharded) and clip by a per-rank norm; under zero1 and
+    fsdp the next ``optimizer.step()`` raises an error when it finds them changed.
     """
+    units = _unit_list(units)
     _check_arguments(module, strategy, optimizer, options)
     comm = Comm(process_group, ledger, check_collectives=check_collectives)
     if strategy == "single":
@@ -70,13 +77,9 @@ def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.
     elif strategy in ("zero1", "zero2"):
         engine = Zero(module, comm, shard_grads=strategy == "zero2", recorder=recorder, **options)
     else:
-        engine = FSDP(module, comm, units=units or (), recorder=recorder, **options)
-    module.fsdp_mini = engine
-    module.memory_categories = engine.memory_categories
-    if isinstance(engine, Zero):
-        optim = ShardedOptimizer(engine, optimizer([b.shard for b in engine.buckets]))
-    else:
-        optim = optimizer([p for p in module.parameters() if p.requires_grad])
+        engine = FSDP(module, comm, units=units, recorder=recorder, **options)
+    optim = optimizer(engine.optimizer_params())
+    make_parallel(module, optim, engine)
     if hasattr(recorder, "attach"):
         recorder.attach(module, optim)  # telemetry: start listening to this model
     return module, optim
@@ -89,6 +92,34 @@ def full_state_dict(model: nn.Module) -> "OrderedDict[str, torch.Tensor]":
     if isinstance(engine, FSDP):
         return engine.full_state_dict()
     return OrderedDict((k, v.detach().clone()) for k, v in model.state_dict().items())
+
+
+@contextmanager
+def summon_full_params(model: nn.Module, writeback: bool = False):
+    """Inside the block, every parameter of ``model`` is whole, under its usual attribute.
+
+    Under fsdp the units are all-gathered (a collective: every rank must enter the block) and
+    ``model.c.weight`` is the whole weight instead of this rank's piece; on exit they are freed
+    again. Changes made inside are kept only with ``writeback=True`` (each rank then keeps its
+    shard of what it wrote: write the same values on every rank). Example::
+
+        with fsdp_mini.summon_full_params(model):
+            print(model.blocks[0].mlp.fc.weight.norm())     # the whole weight's norm, every rank
+    """
+    engine = _engine_of(model)
+    if isinstance(engine, FSDP):
+        with engine.summon(writeback):
+            yield model
+        return
+    params = list(model.parameters())  # already whole; undo changes unless writeback
+    saved = None if writeback else [p.detach().clone() for p in params]
+    try:
+        yield model
+    finally:
+        if saved is not None:
+            with torch.no_grad():
+                for p, value in zip(params, saved):
+                    p.copy_(value)
 
 
 def expected_costs(model: nn.Module, optim_bytes: int = 8) -> dict[str, float]:
@@ -109,8 +140,8 @@ def expected_costs(model: nn.Module, optim_bytes: int = 8) -> dict[str, float]:
         return {"sent_bytes_per_step": theory.zero_sent_bytes(padded, n),
                 "persistent_bytes": persistent(padded_numel=padded, frozen_numel=frozen)}
     sizes = [theory.UnitSize(
-        trainable=sum(g.layout.padded_numel for g in u.groups if g.shard.requires_grad),
-        frozen=sum(g.layout.padded_numel for g in u.groups if not g.shard.requires_grad),
+        trainable=sum(g.layout.padded_numel for g in u.groups if g.trainable),
+        frozen=sum(g.layout.padded_numel for g in u.groups if not g.trainable),
         gathered_in_backward=u.reshard_after_forward and u is not engine.root)
         for u in engine.units]
     return {"sent_bytes_per_step": theory.fsdp_sent_bytes(sizes, n),
@@ -121,7 +152,7 @@ def expected_costs(model: nn.Module, optim_bytes: int = 8) -> dict[str, float]:
 def numel_trainable_and_frozen(engine) -> tuple[int, int]:
     """Elements of the original model: (trainable, frozen), each parameter counted once."""
     if isinstance(engine, FSDP):
-        slots = [s for u in engine.units for g in u.groups for s in g.layout.slots]
+        slots = [s for g in engine.groups() for s in g.layout.slots]
         return (sum(s.numel for s in slots if s.requires_grad),
                 sum(s.numel for s in slots if not s.requires_grad))
     params = {id(p): p for p in engine.module.parameters()}.values()
@@ -136,6 +167,20 @@ def _engine_of(model: nn.Module):
     return engine
 
 
+def _unit_list(units) -> list:
+    """``units`` as a list, read once (a generator would be used up by the checks)."""
+    if units is None:
+        return []
+    if isinstance(units, nn.Module) and not isinstance(units, (nn.ModuleList, nn.Sequential)):
+        raise TypeError(f"units must be an iterable of modules, e.g. units=list(model.blocks); "
+                        f"got one {type(units).__name__}: write units=[that_module]")
+    try:
+        return list(units)
+    except TypeError:
+        raise TypeError(f"units must be an iterable of modules, e.g. units=list(model.blocks); "
+                        f"got a {type(units).__name__}") from None
+
+
 def _check_arguments(module, strategy, optimizer, options) -> None:
     if not isinstance(module, nn.Module):
         raise TypeError(f"parallelize expects an nn.Module, got a {type(module).__name__}")
@@ -147,12 +192,37 @@ def _check_arguments(module, strategy, optimizer, options) -> None:
     if not any(p.requires_grad for p in module.parameters()):
         raise ValueError(f"{type(module).__name__} has no trainable parameters: nothing to "
                          f"train or shard")
-    if isinstance(optimizer, torch.optim.Optimizer) or not callable(optimizer):
-        raise TypeError("optimizer must be a factory called with the parameters to optimise, "
-                        "e.g. functools.partial(torch.optim.AdamW, lr=1e-3), not an optimizer "
-                        "instance")
+    on_meta = [n for n, t in list(module.named_parameters()) + list(module.named_buffers())
+               if t.is_meta]
+    if on_meta:
+        raise ValueError(f"{on_meta[0]!r} is on the meta device (no values yet); build the model "
+                         f"on a real device, or materialise it first with "
+                         f"model.to_empty(device=...) and initialise its weights")
     unknown = set(options) - _OPTIONS[strategy]
     if unknown:
         allowed = ", ".join(sorted(_OPTIONS[strategy])) or "none"
         raise TypeError(f"unknown option(s) for {strategy!r}: {', '.join(sorted(unknown))}; "
                         f"allowed: {allowed}")
+    if "bucket_mb" in options:
+        mb = options["bucket_mb"]
+        if isinstance(mb, bool) or not isinstance(mb, Real) or not math.isfinite(mb) or mb <= 0:
+            raise ValueError(f"bucket_mb must be positive, a number of megabytes such as 25; got "
+                             f"{mb!r}")
+    if "reshard_after_forward" in options and not isinstance(options["reshard_after_forward"],
+                                                              bool):
+        raise TypeError(f"reshard_after_forward must be True or False, got "
+                        f"{options['reshard_after_forward']!r}")
+    _check_optimizer_factory(optimizer)
+
+
+def _check_optimizer_factory(optimizer) -> None:
+    if isinstance(optimizer, torch.optim.Optimizer) or not callable(optimizer):
+        raise TypeError("optimizer must be a factory called with the parameters to optimise, "
+                        "e.g. functools.partial(torch.optim.AdamW, lr=1e-3), not an optimizer "
+                        "instance")
+    # Note: tried on a throwaway parameter, so a wrong factory fails before the module changes.
+    made = optimizer([nn.Parameter(torch.zeros(1))])
+    if not isinstance(made, torch.optim.Optimizer):
+        raise TypeError(f"the optimizer factory returned a {type(made).__name__}, not a "
+                        f"torch.optim.Optimizer; pass e.g. functools.partial(torch.optim.AdamW, "
+                        f"lr=1e-3)")

@@ -7,8 +7,9 @@ it, ZeRO reduce-scatters it) while autograd goes on computing earlier layers' gr
 
 Note: buckets are launched strictly in index order, on every rank. If rank 0 launched bucket 1
 before bucket 0 and rank 1 did the opposite, the collectives would pair up wrongly and hang.
-Gradients that never arrive (a parameter unused in this forward) are launched at the end of
-backward, with zeros, so every rank issues the same collectives.
+Gradients that never arrive (a parameter unused in this forward, or frozen since) are launched at
+the end of backward, marked absent (:mod:`fsdp_mini.absent`), so every rank issues the same
+collectives and a parameter no rank used keeps ``grad is None``.
 """
 
 from __future__ import annotations
@@ -34,26 +35,35 @@ def split_into_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[li
     return [b for b in buckets if b]
 
 
-def grad_or_zeros(p: nn.Parameter) -> torch.Tensor:
-    """The gradient, or zeros for a parameter this backward did not reach."""
-    return p.grad if p.grad is not None else torch.zeros_like(p)
-
-
 def grad_ready_order(module: nn.Module) -> list[nn.Parameter]:
     """Trainable parameters, each once, in reverse registration order (≈ order grads arrive)."""
     unique = {id(p): p for p in module.parameters() if p.requires_grad}
     return list(reversed(list(unique.values())))
 
 
+def check_no_new_trainables(module: nn.Module, known: set[int], strategy: str) -> None:
+    """A clear error for a parameter that requires grad but has no bucket: one frozen when
+    ``parallelize`` ran and unfrozen since, or one added to the model afterwards. Its gradient
+    would never be averaged, and the ranks would drift apart."""
+    for name, p in module.named_parameters():
+        if p.requires_grad and id(p) not in known:
+            raise RuntimeError(
+                f"{strategy}: parameter {name!r} requires grad but was frozen (or did not exist) "
+                f"when parallelize ran, so its gradient would never be averaged over ranks. "
+                f"Set requires_grad before calling parallelize (freezing later is fine).")
+
+
 class BucketScheduler:
     """Calls ``on_ready(i)`` for bucket i, in order, once all its gradients are accumulated, and
-    ``on_backward_end()`` when autograd has finished the whole backward pass."""
+    ``on_backward_end()`` when autograd has finished the whole backward pass; ``on_grad(i, j)``,
+    if given, as soon as parameter j of bucket i has its gradient."""
 
     def __init__(self, buckets: list[list[nn.Parameter]], on_ready: Callable[[int], None],
-                 on_backward_end: Callable[[], None]):
+                 on_backward_end: Callable[[], None],
+                 on_grad: Callable[[int, int], None] | None = None):
         self.buckets = buckets
-        self.on_ready, self.on_backward_end = on_ready, on_backward_end
-        self._bucket_of = {id(p): i for i, b in enumerate(buckets) for p in b}
+        self.on_ready, self.on_backward_end, self.on_grad = on_ready, on_backward_end, on_grad
+        self._index = {id(p): (i, j) for i, b in enumerate(buckets) for j, p in enumerate(b)}
         self._missing = [len(b) for b in buckets]
         self._next = 0
         self._in_backward = False
@@ -65,7 +75,9 @@ class BucketScheduler:
         if not self._in_backward:
             self._in_backward = True
             Variable._execution_engine.queue_callback(self._backward_end)
-        i = self._bucket_of[id(param)]
+        i, j = self._index[id(param)]
+        if self.on_grad is not None:
+            self.on_grad(i, j)
         self._missing[i] -= 1
         while self._next < len(self.buckets) and self._missing[self._next] == 0:
             self._launch_next()

@@ -67,16 +67,31 @@ class OpTotal:
 class Ledger:
     """Per-rank list of collectives, with totals per op and per step.
 
-    ``step`` is advanced by the training loop (``ledger.next_step()``) so totals can be asked per
-    step. Listeners (``subscribe``) are called with each record once it has completed.
+    ``step`` numbers the training steps, so totals can be asked per step. It advances by itself:
+    ``optimizer.step()`` of a parallelized model closes the current step, and the next collective
+    opens the following one. A loop may also call ``ledger.next_step()`` itself (at the start or
+    the end of each iteration); a step is never counted twice. Listeners (``subscribe``) are
+    called with each record once it has completed.
     """
 
     records: list[CollectiveRecord] = field(default_factory=list)
     step: int = 0
     _listeners: list[Callable[[CollectiveRecord], None]] = field(default_factory=list)
+    _step_closed: bool = False
 
     def next_step(self) -> int:
+        """Start a new step now."""
         self.step += 1
+        self._step_closed = False
+        return self.step
+
+    def step_done(self) -> None:
+        """The optimizer stepped: the next collective belongs to the next step."""
+        self._step_closed = True
+
+    def _step_for_new_record(self) -> int:
+        if self._step_closed:
+            self.next_step()
         return self.step
 
     def reset(self) -> None:
@@ -221,12 +236,14 @@ class Comm:
                                                       group=self.group, async_op=async_op),
                          lambda: output.copy_(full), async_op)
 
-    def all_reduce(self, tensor: torch.Tensor, label: str, async_op: bool = False) -> Handle | None:
-        """Sum ``tensor`` over ranks, in place."""
+    def all_reduce(self, tensor: torch.Tensor, label: str, async_op: bool = False,
+                   op: str = "sum") -> Handle | None:
+        """Sum (or, with ``op="max"``, the maximum of) ``tensor`` over ranks, in place."""
         n = self.world_size
+        reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
         return self._run("all_reduce", label, tensor, _nbytes(tensor),
                          2 * (n - 1) * _nbytes(tensor) / n,
-                         lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group,
+                         lambda: dist.all_reduce(tensor, op=reduce_op, group=self.group,
                                                  async_op=async_op),
                          lambda: None, async_op)
 
@@ -247,9 +264,10 @@ class Comm:
     # -- bookkeeping ----------------------------------------------------------------------------
 
     def _run(self, op, label, tensor, payload, sent, distributed_call, local_call, async_op):
+        step = self.ledger._step_for_new_record()
         if self.check is not None:
-            self.check(op, label, tensor, self.ledger.step)
-        record = CollectiveRecord(op, label, payload, sent, self.ledger.step, time.time())
+            self.check(op, label, tensor, step)
+        record = CollectiveRecord(op, label, payload, sent, step, time.time())
         self.ledger._issued(record)
         t0 = time.perf_counter()
         work = distributed_call() if self.world_size > 1 else local_call()
@@ -258,6 +276,31 @@ class Comm:
             return handle
         handle.wait()
         return None
+
+
+def broadcast_module_states(module: torch.nn.Module, comm: Comm) -> None:
+    """Make every rank start from rank 0's parameters and buffers."""
+    with torch.no_grad():
+        for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+            comm.broadcast(t.data, label=f"sync/{name}")
+
+
+@dataclass
+class Reduction:
+    """A gradient reduction in flight: the buffer sent, where this rank's result lands, the
+    handle to wait on, and the slots this rank had no gradient for (see :mod:`fsdp_mini.absent`).
+    ``target`` says what it reduces (a bucket index, a unit's flat group)."""
+
+    target: object
+    sent: torch.Tensor
+    result: torch.Tensor
+    handle: Handle
+    absent: list[int]
+
+    def mean(self, world_size: int) -> torch.Tensor:
+        """Wait for the sum over ranks, then divide it by N: the gradient of the global batch."""
+        self.handle.wait()
+        return self.result.div_(world_size)
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -18,31 +18,31 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .buckets import BucketScheduler, grad_or_zeros, grad_ready_order, split_into_buckets
-from .comm import Comm, Handle
+from .absent import absent_everywhere
+from .buckets import BucketScheduler, check_no_new_trainables, grad_ready_order, split_into_buckets
+from .comm import Comm, Reduction, broadcast_module_states
+from .flat import FlatLayout, ParamSlot
 from .memory import allocating
+from .strategy import Strategy
 
 
-def broadcast_module_states(module: nn.Module, comm: Comm) -> None:
-    """Make every rank start from rank 0's parameters and buffers."""
-    with torch.no_grad():
-        for name, t in list(module.named_parameters()) + list(module.named_buffers()):
-            comm.broadcast(t.data, label=f"sync/{name}")
-
-
-class DDP:
+class DDP(Strategy):
     """The state DDP adds to a module: buckets, their hooks and the in-flight all-reduces."""
 
     strategy = "ddp"
 
     def __init__(self, module: nn.Module, comm: Comm, bucket_mb: float = 25.0, recorder=None):
-        if bucket_mb <= 0:
-            raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
-        self.module, self.comm, self.recorder = module, comm, recorder
+        super().__init__(module, comm)
+        self.recorder = recorder
         broadcast_module_states(module, comm)
         self.buckets = split_into_buckets(grad_ready_order(module), int(bucket_mb * 2**20))
-        self._in_flight: list[tuple[int, torch.Tensor, Handle]] = []
+        # Note: a bucket is laid out like a flat buffer of world size 1: end to end, no padding.
+        self.layouts = [FlatLayout([ParamSlot(p, [], []) for p in b], 1) for b in self.buckets]
+        self._known = {id(p) for b in self.buckets for p in b}
+        self._in_flight: list[Reduction] = []
         self.scheduler = BucketScheduler(self.buckets, self._all_reduce_bucket, self._finish)
+        module.register_forward_pre_hook(
+            lambda *_: check_no_new_trainables(module, self._known, "ddp"))
         module.register_forward_hook(lambda *_: self._mark("ddp/forward_done"))
 
     def _mark(self, label: str) -> None:
@@ -53,19 +53,24 @@ class DDP:
         # Note: the previous bucket's all-reduce overlapped with the backward that filled this
         # one; finishing it now keeps at most one bucket copy waiting, not the whole model.
         self._collect()
+        params = self.buckets[i]
         with allocating("comm_buffers"), torch.no_grad():
-            flat = torch.cat([grad_or_zeros(p).reshape(-1) for p in self.buckets[i]])
+            flat, absent = self.layouts[i].flatten_grads([p.grad for p in params], params[0])
         handle = self.comm.all_reduce(flat, label=f"bucket{i}", async_op=True)
-        self._in_flight.append((i, flat, handle))
+        self._in_flight.append(Reduction(i, flat, flat, handle, absent))
         self._mark(f"bucket{i}/launched")
 
     def _collect(self) -> None:
         """Wait for the buckets in flight and write their averaged gradients back."""
         with torch.no_grad():
-            for i, flat, handle in self._in_flight:
-                handle.wait()
-                flat.div_(self.comm.world_size)
-                for p, g in zip(self.buckets[i], _split_like(flat, self.buckets[i])):
+            for work in self._in_flight:
+                flat = work.mean(self.comm.world_size)
+                layout, params = self.layouts[work.target], self.buckets[work.target]
+                starts = [layout.slots[j].offset for j in work.absent]
+                gone = {j for j, g in zip(work.absent, absent_everywhere(flat, starts)) if g}
+                for j, (p, g) in enumerate(zip(params, layout.views(flat))):
+                    if j in gone:
+                        continue  # no rank had a gradient for it: it stays None, as in torch
                     if p.grad is None:
                         with allocating("grads"):
                             p.grad = g.clone()
@@ -79,10 +84,5 @@ class DDP:
         self._mark("ddp/backward_end")
 
     def memory_categories(self) -> dict[str, list[torch.Tensor]]:
-        params = list(self.module.parameters())
-        return {"params": params, "grads": [p.grad for p in params],
-                "comm_buffers": [flat for _, flat, _ in self._in_flight]}
-
-
-def _split_like(flat: torch.Tensor, params: list[nn.Parameter]) -> list[torch.Tensor]:
-    return [g.view_as(p) for g, p in zip(flat.split([p.numel() for p in params]), params)]
+        return {**super().memory_categories(),
+                "comm_buffers": [work.sent for work in self._in_flight]}

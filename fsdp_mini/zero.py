@@ -2,7 +2,8 @@
 
 Trainable parameters are packed into flat buckets, each padded to a multiple of N and split into N
 shards. Rank r *owns* shard r of every bucket: only it keeps optimizer state for those elements
-and only it updates them.
+and only it updates them. Its optimizer sees one piece per original parameter (the part inside
+its shard, see :mod:`fsdp_mini.flat`).
 
 One step, per bucket, N = 2, a bucket of 4 elements::
 
@@ -25,18 +26,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .buckets import BucketScheduler, grad_or_zeros, grad_ready_order, split_into_buckets
-from .comm import Comm, Handle
-from .ddp import broadcast_module_states
-from .flat import FlatLayout, ParamSlot
+from .absent import mark_absent, present_values
+from .buckets import BucketScheduler, check_no_new_trainables, grad_ready_order, split_into_buckets
+from .comm import Comm, Reduction, broadcast_module_states
+from .flat import FlatLayout, ParamSlot, ShardPieces
+from .grad_watch import GradWatch
 from .memory import allocating
+from .strategy import Strategy
 
 
 class ZeroBucket:
-    """A flat, padded buffer holding some parameters, and this rank's shard of it. With
-    ``flat_grad``, the parameters' gradients live in a second flat buffer of the same layout."""
+    """A flat, padded buffer holding some parameters, and this rank's shard of it, in pieces.
+    With ``full_grads`` (ZeRO-1), the parameters' gradients live in a second flat buffer of the
+    same layout."""
 
-    def __init__(self, params: list[nn.Parameter], comm: Comm, flat_grad: bool):
+    def __init__(self, params: list[nn.Parameter], comm: Comm, full_grads: bool):
         kinds = {(p.dtype, p.device) for p in params}
         if len(kinds) > 1:
             raise ValueError(f"a ZeRO bucket would mix parameter dtypes/devices "
@@ -48,46 +52,72 @@ class ZeroBucket:
         for p, view in zip(params, self.layout.views(self.flat)):
             p.data = view  # the module's parameters now live inside the bucket
         start, end = self.layout.shard_range(comm.rank)
-        self.shard = nn.Parameter(self.flat[start:end])  # shares storage with the bucket
-        self.flat_grad = None
-        if flat_grad:
+        self.shard = self.flat[start:end]  # shares storage with the bucket
+        self.pieces = ShardPieces(self.layout, self.shard, comm.rank)
+        self.flat_grad = self.grad_views = None
+        if full_grads:
             with allocating("grads"):
                 self.flat_grad = torch.zeros_like(self.flat)
-            self.adopt_grads()
+            self.grad_views = self.layout.views(self.flat_grad)
 
-    def adopt_grads(self) -> None:
-        """Make every ``p.grad`` a view of ``flat_grad`` (autograd then accumulates in place).
-        A gradient someone replaced (``model.zero_grad()`` sets them to None) is copied back."""
+    def adopt_grad(self, j: int) -> None:
+        """ZeRO-1: move parameter j's gradient into the flat gradient buffer (if autograd made a
+        fresh tensor, e.g. after ``zero_grad()`` set it to None), and make ``p.grad`` a view of
+        it, so later backwards accumulate in place."""
+        p, view = self.params[j], self.grad_views[j]
+        if p.grad is not None and (p.grad.data_ptr() != view.data_ptr() or p.grad.shape != view.shape):
+            with torch.no_grad():
+                view.copy_(p.grad)
+            p.grad = view
+
+    def full_grad_to_reduce(self) -> list[int]:
+        """ZeRO-1: ready the flat gradient buffer for the reduce-scatter; return the absent slots."""
+        for j in range(len(self.params)):
+            self.adopt_grad(j)
+        absent = [j for j, p in enumerate(self.params) if p.grad is None]
         with torch.no_grad():
-            for p, view in zip(self.params, self.layout.views(self.flat_grad)):
-                if p.grad is None:
-                    view.zero_()
-                elif p.grad.data_ptr() != view.data_ptr():
-                    view.copy_(p.grad)
-                p.grad = view
+            present_values(self.flat_grad)
+            for j in absent:
+                mark_absent(self.layout.slot_view(self.flat_grad, j))
+        return absent
 
 
-class Zero:
+class Zero(Strategy):
     """ZeRO stage 1 (``shard_grads=False``) or 2 (``shard_grads=True``) state of a module."""
 
     def __init__(self, module: nn.Module, comm: Comm, shard_grads: bool, bucket_mb: float = 25.0,
                  recorder=None):
-        if bucket_mb <= 0:
-            raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
-        self.module, self.comm, self.recorder = module, comm, recorder
+        super().__init__(module, comm)
+        self.recorder = recorder
         self.shard_grads = shard_grads
         self.strategy = "zero2" if shard_grads else "zero1"
         broadcast_module_states(module, comm)
         groups = split_into_buckets(grad_ready_order(module), int(bucket_mb * 2**20))
-        self.buckets = [ZeroBucket(params, comm, flat_grad=not shard_grads) for params in groups]
-        self._in_flight: dict[int, tuple[torch.Tensor, torch.Tensor, Handle]] = {}
+        self.buckets = [ZeroBucket(params, comm, full_grads=not shard_grads) for params in groups]
+        self._known = {id(p) for b in groups for p in b}
+        self._in_flight: list[Reduction] = []
+        self._reduced = False  # ZeRO-1: gradients already reduce-scattered for this step
+        self.watch = GradWatch(self.strategy, "each rank's own gradients, not yet averaged")
         if shard_grads:
             self.scheduler = BucketScheduler(groups, self._reduce_scatter_bucket, self._finish)
+        else:
+            self.scheduler = BucketScheduler(groups, lambda i: None, self._finish,
+                                             on_grad=lambda i, j: self.buckets[i].adopt_grad(j))
+            self.watch.remember(b.flat_grad for b in self.buckets)
+        module.register_forward_pre_hook(
+            lambda *_: check_no_new_trainables(module, self._known, self.strategy))
         module.register_forward_hook(lambda *_: self.mark(f"{self.strategy}/forward_done"))
 
     def mark(self, label: str) -> None:
         if self.recorder is not None:
             self.recorder.mark(label)
+
+    def optimizer_params(self) -> list[nn.Parameter]:
+        """What the optimizer updates: one piece per trainable parameter, in the module's order."""
+        by_param = {id(p): piece for b in self.buckets
+                    for p, piece in zip(b.params, b.pieces.params)}
+        return [by_param[id(p)] for p in {id(p): p for p in self.module.parameters()}.values()
+                if id(p) in by_param]
 
     # -- ZeRO-2: during backward ----------------------------------------------------------------
 
@@ -95,118 +125,83 @@ class Zero:
         self._collect_shard_grads()  # at most one bucket copy waits (see ddp._all_reduce_bucket)
         bucket = self.buckets[i]
         with torch.no_grad(), allocating("comm_buffers"):
-            full = bucket.layout.flatten([grad_or_zeros(p) for p in bucket.params])
-        self._launch(i, full)
+            full, absent = bucket.layout.flatten_grads([p.grad for p in bucket.params],
+                                                       bucket.flat)
+        self._launch(i, full, absent)
         for p in bucket.params:  # the full gradients are no longer needed
             p.grad = None
         self.mark(f"bucket{i}/launched")
 
     def _collect_shard_grads(self) -> None:
-        """Each rank keeps the averaged gradient of the shards it owns."""
-        for i, mine in self._wait_all():
-            shard = self.buckets[i].shard
-            if shard.grad is None:
-                shard.grad = mine
-            else:
-                shard.grad.add_(mine)  # gradient accumulation over micro-batches
+        """Each rank keeps the averaged gradient of the shards it owns, in its pieces."""
+        with torch.no_grad():
+            for work in self._in_flight:
+                self.buckets[work.target].pieces.add_grads(work.mean(self.comm.world_size),
+                                                           work.absent)
+        self._in_flight.clear()
 
     def _finish(self) -> None:
-        """End of backward: the last buckets' shard gradients."""
+        """End of backward: ZeRO-2 collects the last buckets' shard gradients."""
         self._collect_shard_grads()
+        if not self.shard_grads:
+            self.watch.remember(b.flat_grad for b in self.buckets)
         self.mark(f"{self.strategy}/backward_end")
 
     # -- ZeRO-1: at the optimizer step ----------------------------------------------------------
 
     def reduce_scatter_grads(self) -> None:
-        """Every bucket's accumulated gradient, reduce-scattered: shard.grad = this rank's part."""
+        """Every bucket's accumulated gradient, reduce-scattered into this rank's pieces."""
+        self.watch.check()
         for i, bucket in enumerate(self.buckets):
-            bucket.adopt_grads()
-            self._launch(i, bucket.flat_grad)
-        for i, mine in self._wait_all():
-            self.buckets[i].shard.grad = mine
+            self._launch(i, bucket.flat_grad, bucket.full_grad_to_reduce())
+        self._collect_shard_grads()
+        self._reduced = True
 
     # -- both -----------------------------------------------------------------------------------
 
-    def _launch(self, i: int, full: torch.Tensor) -> None:
+    def _launch(self, i: int, full: torch.Tensor, absent: list[int]) -> None:
         with allocating("grads"):
             mine = torch.empty(self.buckets[i].layout.shard_numel, dtype=full.dtype,
                                device=full.device)
         handle = self.comm.reduce_scatter(mine, full, label=f"bucket{i}", async_op=True)
-        self._in_flight[i] = (full, mine, handle)
+        self._in_flight.append(Reduction(i, full, mine, handle, absent))
 
-    def _wait_all(self):
-        for i, (_, mine, handle) in sorted(self._in_flight.items()):
-            handle.wait()
-            yield i, mine.div_(self.comm.world_size)
-        self._in_flight.clear()
+    def before_step(self) -> None:
+        if not self.shard_grads and not self._reduced:
+            self.reduce_scatter_grads()
 
-    def all_gather_params(self) -> None:
-        """After the step: every rank gets every bucket's updated parameters."""
+    def after_step(self) -> None:
+        """Every rank gets every bucket's updated parameters."""
+        if not self.shard_grads:
+            for b in self.buckets:  # ZeRO-1 keeps the full gradients, not a second copy
+                b.pieces.zero_grad(set_to_none=True)
+            self._reduced = False
+            self.watch.remember(b.flat_grad for b in self.buckets)
         for i, bucket in enumerate(self.buckets):
-            self.comm.all_gather(bucket.flat, bucket.shard.detach(), label=f"bucket{i}")
+            self.comm.all_gather(bucket.flat, bucket.shard, label=f"bucket{i}")
+        self.mark(f"{self.strategy}/step_end")
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """``model.zero_grad()`` and ``optimizer.zero_grad()`` both clear the pieces too."""
+        for b in self.buckets:
+            b.pieces.zero_grad(set_to_none)
+        if not self.shard_grads:
+            self.watch.remember(b.flat_grad for b in self.buckets)
+
+    def grads_for_norm(self) -> tuple[list[torch.Tensor], bool]:
+        """The averaged gradients this rank owns (disjoint across ranks): its pieces'."""
+        if not self.shard_grads and not self._reduced:
+            self.reduce_scatter_grads()
+        return [g for b in self.buckets for g in b.pieces.grads()], True
 
     def memory_categories(self) -> dict[str, list[torch.Tensor]]:
         params = [p for p in self.module.parameters()]
         return {"params": [b.flat for b in self.buckets] + params,
-                "grads": [p.grad for p in params] + [b.shard.grad for b in self.buckets]
+                "grads": [p.grad for p in params] + [g for b in self.buckets
+                                                     for g in b.pieces.grads()]
                 + [b.flat_grad for b in self.buckets],
-                "comm_buffers": [full for full, _, _ in self._in_flight.values()
+                "comm_buffers": [work.sent for work in self._in_flight
                                  if self.shard_grads]}  # ZeRO-1 sends its grad buffer itself
 
     def padded_numel(self) -> int:
         return sum(b.layout.padded_numel for b in self.buckets)
-
-
-class ShardedOptimizer:
-    """A torch optimizer over this rank's shards, followed by an all-gather of the parameters.
-
-    Used exactly like the optimizer it wraps: ``step()``, ``zero_grad()``, ``param_groups``,
-    ``state_dict()`` (this rank's shard of the state).
-    """
-
-    def __init__(self, zero: Zero, optimizer: torch.optim.Optimizer):
-        self.zero, self.optimizer = zero, optimizer
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        if not self.zero.shard_grads:
-            self.zero.reduce_scatter_grads()
-        loss = self.optimizer.step(closure)
-        if not self.zero.shard_grads:
-            for b in self.zero.buckets:
-                b.shard.grad = None  # ZeRO-1 keeps the full gradients, not a second copy
-        self.zero.all_gather_params()
-        self.zero.mark(f"{self.zero.strategy}/step_end")
-        return loss
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear gradients. ZeRO-1's live in a flat buffer, which is zeroed, not freed."""
-        self.optimizer.zero_grad(set_to_none)
-        for b in self.zero.buckets:
-            if b.flat_grad is not None:
-                b.flat_grad.zero_()
-            else:
-                for p in b.params:
-                    p.grad = None
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    def state_dict(self):
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict) -> None:
-        self.optimizer.load_state_dict(state_dict)
-
-    def memory_categories(self) -> dict[str, list[torch.Tensor]]:
-        return {"optimizer_state": [v for s in self.optimizer.state.values()
-                                    for v in s.values() if isinstance(v, torch.Tensor)]}
-
-    def __repr__(self) -> str:
-        return f"ShardedOptimizer({self.zero.strategy}, {self.optimizer!r})"
-
