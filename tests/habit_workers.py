@@ -170,7 +170,8 @@ def torch_clip_on_sharded_grads(rank, world_size, strategy):
 
 
 def mismatch_at_step_two(rank, world_size):
-    """Rank 1 skips the block in the third step (step 2); nobody advances the ledger by hand."""
+    """Rank 1 skips the block in the third step (step 2, counted from 0 like the loop); nobody
+    advances the ledger by hand."""
     model, opt = _wrap("fsdp", rank, world_size, check_collectives=True)
     for step in range(3):
         x, y = batch(step, rank, world_size)

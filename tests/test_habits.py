@@ -130,19 +130,20 @@ def test_summon_full_params(runs, strategy):
 @pytest.mark.parametrize("strategy", hw.STRATEGIES)
 def test_ledger_counts_steps_by_itself(runs, strategy):
     ws, results = runs
-    for kind in ("ledger_auto", "ledger_manual"):
-        res = results[0][kind, strategy]
-        assert res["seen"] == [res["first"] + 1 + i for i in range(3)] if kind == "ledger_manual" \
-            else res["seen"] == [res["first"] + i for i in range(3)], (kind, res)
-        for sent in res["sent"][1:]:  # the first step also holds the wrap-time broadcasts
-            assert sent == pytest.approx(res["expected"], rel=1e-12), (kind, strategy)
+    auto, manual = results[0]["ledger_auto", strategy], results[0]["ledger_manual", strategy]
+    assert auto["first"] == 0 and auto["seen"] == [0, 1, 2], auto  # 0-based, as a loop counts
+    assert manual["seen"] == [1, 2, 3], manual  # next_step() at each start: never counted twice
+    for res in (auto, manual):
+        for sent in res["sent"][1:]:  # auto's step 0 also holds the broadcasts of wrapping
+            assert sent == pytest.approx(res["expected"], rel=1e-12), (strategy, res)
+    assert manual["sent"][0] == pytest.approx(manual["expected"], rel=1e-12)
 
 
 def test_mismatch_error_names_the_step_without_help(tmp_path):
     with pytest.raises(fsdp_mini.LaunchError) as info:
         fsdp_mini.launch(hw.mismatch_at_step_two, 2, timeout=30)
     assert "CollectiveMismatchError" in info.value.exc_type
-    assert "collective mismatch at step 2" in str(info.value)
+    assert "collective mismatch at step 2" in str(info.value)  # the third step
 
 
 # -- in this very process, as in a notebook kernel at world size 1 -----------------------------
