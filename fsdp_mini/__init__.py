@@ -10,11 +10,13 @@ Layers, each importing only the ones above it in this list:
 
 from .api import STRATEGIES, expected_costs, full_state_dict, parallelize, summon_full_params
 from .clip import clip_grad_norm_
-from .comm import Comm, Ledger
+from .comm import Comm, Ledger, Tag
+from .registry import register_strategy
+from .strategy import Strategy
 from .memory import CATEGORIES, allocating, track_memory
 
 from .launcher import LaunchError, LaunchTimeoutError, launch, rank_device, run_with_torchrun
 
 __all__ = ["STRATEGIES", "CATEGORIES", "Comm", "LaunchError", "LaunchTimeoutError", "Ledger",
-           "allocating", "clip_grad_norm_", "expected_costs", "full_state_dict", "launch", "parallelize", "rank_device",
-           "run_with_torchrun", "summon_full_params", "track_memory"]
+           "Strategy", "Tag", "allocating", "clip_grad_norm_", "expected_costs", "full_state_dict", "launch", "parallelize", "rank_device",
+           "register_strategy", "run_with_torchrun", "summon_full_params", "track_memory"]

@@ -18,6 +18,7 @@ norm under zero and fsdp would be one rank's (the kit raises an error where it c
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -27,17 +28,12 @@ from numbers import Real
 import torch
 from torch import nn
 
-from . import theory
 from .comm import Comm, Ledger
-from .ddp import DDP
 from .fsdp import FSDP
-from .strategy import Single
+from .registry import get_strategy
+from .strategy import Strategy
+from .theory import STRATEGIES
 from .wrap import make_parallel
-from .zero import Zero
-
-STRATEGIES = theory.STRATEGIES
-_OPTIONS = {"single": set(), "ddp": {"bucket_mb"}, "zero1": {"bucket_mb"},
-            "zero2": {"bucket_mb"}, "fsdp": {"reshard_after_forward"}}
 
 
 def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.AdamW, lr=1e-3),
@@ -46,7 +42,8 @@ def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.
     """Apply ``strategy`` to ``module``; return ``(module, optimizer)``, used like plain torch.
 
     Args:
-        strategy: "single", "ddp", "zero1", "zero2" or "fsdp".
+        strategy: "single", "ddp", "zero1", "zero2" or "fsdp" (or the name of a strategy added
+            with ``register_strategy``, or such a class itself).
         optimizer: a factory called with the parameters this rank must optimise, e.g.
             ``partial(torch.optim.SGD, lr=0.1, momentum=0.9)``. Under zero and fsdp these are
             *pieces*: the part of each parameter inside this rank's shard (possibly empty).
@@ -68,16 +65,13 @@ def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.
     fsdp the next ``optimizer.step()`` raises an error when it finds them changed.
     """
     units = _unit_list(units)
-    _check_arguments(module, strategy, optimizer, options)
+    is_class = isinstance(strategy, type) and issubclass(strategy, Strategy)
+    cls = strategy if is_class else get_strategy(strategy)
+    _check_arguments(module, cls, optimizer, options)
     comm = Comm(process_group, ledger, check_collectives=check_collectives)
-    if strategy == "single":
-        engine = Single(module, comm)
-    elif strategy == "ddp":
-        engine = DDP(module, comm, recorder=recorder, **options)
-    elif strategy in ("zero1", "zero2"):
-        engine = Zero(module, comm, shard_grads=strategy == "zero2", recorder=recorder, **options)
-    else:
-        engine = FSDP(module, comm, units=units, recorder=recorder, **options)
+    if "units" in inspect.signature(cls.__init__).parameters:
+        options = {**options, "units": units}
+    engine = cls(module, comm, recorder=recorder, **options)
     optim = optimizer(engine.optimizer_params())
     make_parallel(module, optim, engine)
     if hasattr(recorder, "attach"):
@@ -89,9 +83,9 @@ def full_state_dict(model: nn.Module) -> "OrderedDict[str, torch.Tensor]":
     """The full, unsharded tensors under the original module's ``state_dict()`` keys, on every
     rank. Collective under fsdp: every rank must call it."""
     engine = getattr(model, "fsdp_mini", None)
-    if isinstance(engine, FSDP):
-        return engine.full_state_dict()
-    return OrderedDict((k, v.detach().clone()) for k, v in model.state_dict().items())
+    if engine is None:
+        return OrderedDict((k, v.detach().clone()) for k, v in model.state_dict().items())
+    return engine.full_state_dict()
 
 
 @contextmanager
@@ -122,42 +116,11 @@ def summon_full_params(model: nn.Module, writeback: bool = False):
                     p.copy_(value)
 
 
-def expected_costs(model: nn.Module, optim_bytes: int = 8) -> dict[str, float]:
+def expected_costs(model: nn.Module, optim_bytes: int | None = None) -> dict[str, float]:
     """What the formulas of :mod:`fsdp_mini.theory` predict for this parallelized model, with
-    its own padding: bytes sent per rank per step, and persistent model-state bytes per rank."""
-    engine = _engine_of(model)
-    n = engine.comm.world_size
-    numel, frozen = numel_trainable_and_frozen(engine)
-    persistent = partial(theory.persistent_bytes, engine.strategy, numel, n,
-                         optim_bytes=optim_bytes)
-    if engine.strategy == "single":
-        return {"sent_bytes_per_step": 0.0, "persistent_bytes": persistent(frozen_numel=frozen)}
-    if engine.strategy == "ddp":
-        return {"sent_bytes_per_step": theory.ddp_sent_bytes(numel, n),
-                "persistent_bytes": persistent(frozen_numel=frozen)}
-    if engine.strategy in ("zero1", "zero2"):
-        padded = engine.padded_numel()
-        return {"sent_bytes_per_step": theory.zero_sent_bytes(padded, n),
-                "persistent_bytes": persistent(padded_numel=padded, frozen_numel=frozen)}
-    sizes = [theory.UnitSize(
-        trainable=sum(g.layout.padded_numel for g in u.groups if g.trainable),
-        frozen=sum(g.layout.padded_numel for g in u.groups if not g.trainable),
-        gathered_in_backward=u.reshard_after_forward and u is not engine.root)
-        for u in engine.units]
-    return {"sent_bytes_per_step": theory.fsdp_sent_bytes(sizes, n),
-            "persistent_bytes": persistent(padded_numel=sum(s.trainable for s in sizes),
-                                           frozen_numel=sum(s.frozen for s in sizes))}
-
-
-def numel_trainable_and_frozen(engine) -> tuple[int, int]:
-    """Elements of the original model: (trainable, frozen), each parameter counted once."""
-    if isinstance(engine, FSDP):
-        slots = [s for g in engine.groups() for s in g.layout.slots]
-        return (sum(s.numel for s in slots if s.requires_grad),
-                sum(s.numel for s in slots if not s.requires_grad))
-    params = {id(p): p for p in engine.module.parameters()}.values()
-    return (sum(p.numel() for p in params if p.requires_grad),
-            sum(p.numel() for p in params if not p.requires_grad))
+    its own padding: bytes sent per rank per step, and persistent model-state bytes per rank
+    (Adam's two moments per parameter unless ``optim_bytes`` says otherwise)."""
+    return _engine_of(model).expected_costs(optim_bytes)
 
 
 def _engine_of(model: nn.Module):
@@ -181,11 +144,9 @@ def _unit_list(units) -> list:
                         f"got a {type(units).__name__}") from None
 
 
-def _check_arguments(module, strategy, optimizer, options) -> None:
+def _check_arguments(module, cls, optimizer, options) -> None:
     if not isinstance(module, nn.Module):
         raise TypeError(f"parallelize expects an nn.Module, got a {type(module).__name__}")
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
     if getattr(module, "fsdp_mini", None) is not None:
         raise ValueError("this module was already parallelized; build a fresh module for each "
                          "strategy")
@@ -198,10 +159,10 @@ def _check_arguments(module, strategy, optimizer, options) -> None:
         raise ValueError(f"{on_meta[0]!r} is on the meta device (no values yet); build the model "
                          f"on a real device, or materialise it first with "
                          f"model.to_empty(device=...) and initialise its weights")
-    unknown = set(options) - _OPTIONS[strategy]
+    unknown = set(options) - cls.options()
     if unknown:
-        allowed = ", ".join(sorted(_OPTIONS[strategy])) or "none"
-        raise TypeError(f"unknown option(s) for {strategy!r}: {', '.join(sorted(unknown))}; "
+        allowed = ", ".join(sorted(cls.options())) or "none"
+        raise TypeError(f"unknown option(s) for {cls.strategy!r}: {', '.join(sorted(unknown))}; "
                         f"allowed: {allowed}")
     if "bucket_mb" in options:
         mb = options["bucket_mb"]

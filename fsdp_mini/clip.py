@@ -42,7 +42,7 @@ def clip_grad_norm_(model: torch.nn.Module, max_norm: float, norm_type: float = 
                      ** norm_type for g in grads),
                     torch.zeros((), device=device)).reshape(1)
     if sharded and engine.comm.world_size > 1:
-        engine.comm.all_reduce(local, label="clip/norm", op="max" if math.isinf(norm_type)
+        engine.comm.all_reduce(local, label="clip", op="max" if math.isinf(norm_type)
                                else "sum")
     total = local[0] if math.isinf(norm_type) else local[0] ** (1.0 / norm_type)
     if error_if_nonfinite and not torch.isfinite(total):

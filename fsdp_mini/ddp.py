@@ -24,16 +24,17 @@ from .comm import Comm, Reduction, broadcast_module_states
 from .flat import FlatLayout, ParamSlot
 from .memory import allocating
 from .strategy import Strategy
+from .theory import ddp_sent_bytes
 
 
 class DDP(Strategy):
     """The state DDP adds to a module: buckets, their hooks and the in-flight all-reduces."""
 
     strategy = "ddp"
+    traffic = "2Ψ"
 
-    def __init__(self, module: nn.Module, comm: Comm, bucket_mb: float = 25.0, recorder=None):
-        super().__init__(module, comm)
-        self.recorder = recorder
+    def __init__(self, module: nn.Module, comm: Comm, recorder=None, bucket_mb: float = 25.0):
+        super().__init__(module, comm, recorder)
         broadcast_module_states(module, comm)
         self.buckets = split_into_buckets(grad_ready_order(module), int(bucket_mb * 2**20))
         # Note: a bucket is laid out like a flat buffer of world size 1: end to end, no padding.
@@ -43,11 +44,7 @@ class DDP(Strategy):
         self.scheduler = BucketScheduler(self.buckets, self._all_reduce_bucket, self._finish)
         module.register_forward_pre_hook(
             lambda *_: check_no_new_trainables(module, self._known, "ddp"))
-        module.register_forward_hook(lambda *_: self._mark("ddp/forward_done"))
-
-    def _mark(self, label: str) -> None:
-        if self.recorder is not None:
-            self.recorder.mark(label)
+        module.register_forward_hook(lambda *_: self.mark("ddp", "forward_done"))
 
     def _all_reduce_bucket(self, i: int) -> None:
         # Note: the previous bucket's all-reduce overlapped with the backward that filled this
@@ -58,7 +55,7 @@ class DDP(Strategy):
             flat, absent = self.layouts[i].flatten_grads([p.grad for p in params], params[0])
         handle = self.comm.all_reduce(flat, label=f"bucket{i}", async_op=True)
         self._in_flight.append(Reduction(i, flat, flat, handle, absent))
-        self._mark(f"bucket{i}/launched")
+        self.mark(f"bucket{i}", "launched")
 
     def _collect(self) -> None:
         """Wait for the buckets in flight and write their averaged gradients back."""
@@ -81,7 +78,10 @@ class DDP(Strategy):
     def _finish(self) -> None:
         """End of backward: every parameter now holds the gradient of the whole global batch."""
         self._collect()
-        self._mark("ddp/backward_end")
+        self.mark("ddp", "backward_end")
+
+    def sent_bytes_per_step(self) -> float:
+        return ddp_sent_bytes(self.numel()[0], self.comm.world_size, self.element_size())
 
     def memory_categories(self) -> dict[str, list[torch.Tensor]]:
         return {**super().memory_categories(),

@@ -41,12 +41,13 @@ from torch import nn
 from torch.autograd import Variable
 from torch.utils._pytree import tree_leaves
 
-from .comm import Comm, Reduction, broadcast_module_states
+from .comm import Comm, Reduction, Tag, broadcast_module_states
 from .flat import FlatLayout, ParamSlot, ShardPieces
 from .fsdp_units import assign_slots, check_units
 from .grad_watch import GradWatch
 from .memory import allocating
 from .strategy import Strategy
+from .theory import UnitSize, fsdp_sent_bytes
 
 
 class TrainingState(Enum):
@@ -101,7 +102,7 @@ class FlatGroup:
         if self.is_gathered and not force:
             return
         self._storage.resize_(self._full_nbytes)
-        self.comm.all_gather(self.gathered(), self.shard, label=f"{self.label}/{phase}")
+        self.comm.all_gather(self.gathered(), self.shard, label=Tag(self.label, phase))
 
     def reshard(self) -> None:
         self._storage.resize_(0)
@@ -149,7 +150,7 @@ class BackwardCall:
         """The unit's flat gradient is complete: reduce-scatter it; each rank keeps its shard."""
         flat_grad, leaf.grad = leaf.grad, None
         self.unit.fsdp.reduce_scatter_grad(self.group, flat_grad, self.absent)
-        self.unit.fsdp.mark(f"{self.unit.name}/backward_done")
+        self.unit.fsdp.mark(self.unit.name, "backward_done")
 
 
 class _Unflatten(torch.autograd.Function):
@@ -211,7 +212,7 @@ class Unit:
         for group in self.groups:
             group.unshard("forward")
             group.use_in_forward(self)
-        self.fsdp.mark(f"{self.name}/gathered")
+        self.fsdp.mark(self.name, "gathered")
 
     def post_forward(self, module, args, output) -> None:
         grad = torch.is_grad_enabled()
@@ -223,7 +224,7 @@ class Unit:
                     TrainingState.FORWARD)
         if not waiting or (self.reshard_after_forward and self is not self.fsdp.root):
             self.reshard()
-        self.fsdp.mark(f"{self.name}/forward_done")
+        self.fsdp.mark(self.name, "forward_done")
 
     # -- backward -------------------------------------------------------------------------------
 
@@ -253,11 +254,12 @@ class FSDP(Strategy):
     """The FSDP state of a module: its units and the reduce-scatters in flight."""
 
     strategy = "fsdp"
+    sharded = ("params", "grads", "optim")
+    traffic = "≈ 3Ψ"
 
-    def __init__(self, module: nn.Module, comm: Comm, units=(), reshard_after_forward: bool = True,
-                 recorder=None):
-        super().__init__(module, comm)
-        self.recorder = recorder
+    def __init__(self, module: nn.Module, comm: Comm, recorder=None, units=(),
+                 reshard_after_forward: bool = True):
+        super().__init__(module, comm, recorder)
         self.state_dict_keys = list(module.state_dict().keys())
         broadcast_module_states(module, comm)
         unit_names = check_units(module, units)
@@ -270,10 +272,6 @@ class FSDP(Strategy):
         self._pending: list[Reduction] = []
         self._backward_queued = False
         self.watch = GradWatch("fsdp", "this rank's shards of the averaged gradients")
-
-    def mark(self, label: str) -> None:
-        if self.recorder is not None:
-            self.recorder.mark(label)
 
     def groups(self) -> list[FlatGroup]:
         return [g for u in self.units for g in u.groups]
@@ -298,7 +296,7 @@ class FSDP(Strategy):
     def reduce_scatter_grad(self, group: FlatGroup, flat_grad: torch.Tensor, absent) -> None:
         with allocating("grads"):
             mine = torch.empty_like(group.shard)
-        handle = self.comm.reduce_scatter(mine, flat_grad, label=f"{group.label}/grad",
+        handle = self.comm.reduce_scatter(mine, flat_grad, label=Tag(group.label, "grad"),
                                           async_op=True)
         self._pending.append(Reduction(group, flat_grad, mine, handle, absent))
 
@@ -322,7 +320,7 @@ class FSDP(Strategy):
             unit.state = TrainingState.IDLE
         self._backward_queued = False
         self.watch.remember(self.grads_for_norm()[0])
-        self.mark("backward_end")
+        self.mark("", "backward_end")
 
     # -- around the optimizer step (called by the parallelized optimizer) ------------------------
 
@@ -374,7 +372,7 @@ class FSDP(Strategy):
         for group in self.groups():
             full = torch.empty(group.layout.padded_numel, dtype=group.shard.dtype,
                                device=group.shard.device)
-            self.comm.all_gather(full, group.shard, label=f"{group.label}/state_dict")
+            self.comm.all_gather(full, group.shard, label=Tag(group.label, "state_dict"))
             for slot, view in zip(group.layout.slots, group.layout.views(full)):
                 value = view.clone()
                 for name in slot.names:
@@ -382,6 +380,24 @@ class FSDP(Strategy):
         for name, buf in self.module.named_buffers():
             tensors[name] = buf.detach().clone()
         return OrderedDict((k, tensors[k]) for k in self.state_dict_keys)
+
+    def numel(self) -> tuple[int, int]:
+        slots = [s for g in self.groups() for s in g.layout.slots]
+        return (sum(s.numel for s in slots if s.requires_grad),
+                sum(s.numel for s in slots if not s.requires_grad))
+
+    def padded_numel(self) -> int:
+        return sum(g.layout.padded_numel for g in self.groups() if g.trainable)
+
+    def padded_frozen_numel(self) -> int:
+        return sum(g.layout.padded_numel for g in self.groups() if not g.trainable)
+
+    def sent_bytes_per_step(self) -> float:
+        sizes = [UnitSize(trainable=sum(g.layout.padded_numel for g in u.groups if g.trainable),
+                          frozen=sum(g.layout.padded_numel for g in u.groups if not g.trainable),
+                          gathered_in_backward=u.reshard_after_forward and u is not self.root)
+                 for u in self.units]
+        return fsdp_sent_bytes(sizes, self.comm.world_size, self.element_size())
 
     def memory_categories(self) -> dict[str, list[torch.Tensor]]:
         groups = self.groups()

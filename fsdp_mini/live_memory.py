@@ -44,6 +44,11 @@ class LiveMemory:
         self._hooks = None
         self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
 
+    @property
+    def active(self) -> bool:
+        """Whether the saved-tensor hooks are installed (between ``__enter__`` and ``__exit__``)."""
+        return self._hooks is not None
+
     def __enter__(self) -> "LiveMemory":
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._hooks.__enter__()

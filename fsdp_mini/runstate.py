@@ -53,6 +53,7 @@ class RunState:
     def __init__(self, name: str, world_size: int | None = None, keep_steps: int = 8):
         self.name, self.world_size, self.keep_steps = name, world_size, keep_steps
         self.strategy, self.params, self.theory, self.units = name, None, {}, []
+        self.formulas: dict[str, str] = {}
         self.device = self.backend = None
         self.ranks: dict[int, RankState] = {}
         self.events = 0
@@ -71,6 +72,7 @@ class RunState:
         self.world_size = ev.get("world_size", self.world_size)
         self.strategy = ev.get("strategy", self.strategy)
         self.params, self.theory = ev.get("params"), ev.get("theory") or {}
+        self.formulas = ev.get("formulas") or _formulas_of(self.strategy)
         self.units = ev.get("units") or []
         self.device, self.backend = ev.get("device"), ev.get("backend")
 
@@ -132,7 +134,8 @@ class RunState:
         order of the meta event, then the others (buckets, sync) by name."""
         found: dict[str, dict[str, float]] = {}
         for ev in self.rank(r).collectives.get(step, []):
-            unit, phase = unit_and_phase(ev.get("label", ev["op"]), ev["op"])
+            unit, phase = ((ev["unit"], ev["phase"]) if "unit" in ev  # events of older runs:
+                           else unit_and_phase(ev.get("label", ev["op"]), ev["op"]))  # labels
             phases = found.setdefault(unit, {})
             phases[phase] = phases.get(phase, 0.0) + float(ev.get("sent_bytes", 0.0))
         known = [u["name"] for u in self.units if u["name"] in found]
@@ -249,3 +252,13 @@ class Runs:
 
     def __len__(self) -> int:
         return len(self.runs)
+
+
+def _formulas_of(strategy: str | None) -> dict[str, str]:
+    """The formulas of a strategy this process knows (events recorded before the meta event
+    carried them); none for one it does not."""
+    from .registry import get_strategy
+    try:
+        return get_strategy(strategy).formulas()
+    except ValueError:
+        return {}

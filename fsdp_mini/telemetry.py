@@ -19,9 +19,9 @@ set ``FSDP_MINI_EVENTS_DIR`` for them).
 Events (one JSON object per line; times are Unix seconds; ``step`` is the ledger's step):
 
     meta        world_size, strategy, params, theory{sent_bytes_per_step, persistent_bytes},
-                units[{name, bytes}], device, backend
-    memory      label, total_bytes, by_category{6 categories}, [cuda{...}]
-    collective  op, label, payload_bytes, sent_bytes, start, end
+                formulas{memory, sent}, units[{name, bytes}], device, backend
+    memory      label, [unit, phase], total_bytes, by_category{6 categories}, [cuda{...}]
+    collective  op, unit, phase, group, label, payload_bytes, sent_bytes, start, end
     step        loss, start, end
     end         (the rank stopped recording)
 
@@ -37,8 +37,7 @@ import time
 
 import torch.distributed as dist
 
-from .api import expected_costs, numel_trainable_and_frozen
-from .comm import CollectiveRecord
+from .ledger import CollectiveRecord
 from .live_memory import LiveMemory
 
 EVENTS_DIR_ENV = "FSDP_MINI_EVENTS_DIR"
@@ -51,7 +50,7 @@ class Recorder:
                  flush_seconds: float = 0.1):
         initialised = dist.is_available() and dist.is_initialized()
         self.rank = rank if rank is not None else (dist.get_rank() if initialised else 0)
-        self.world_size = dist.get_world_size() if initialised else 1
+        self.world_size = dist.get_world_size() if initialised else 1  # until attach() says
         self.run, self.flush_seconds = run, flush_seconds
         self.events: list[dict] = []     # everything recorded, kept for the rank's own use
         self._pending: list[str] = []
@@ -76,18 +75,21 @@ class Recorder:
         """Start recording a parallelized model (``parallelize(..., recorder=rec)`` calls it)."""
         engine = model.fsdp_mini
         self.model, self.ledger = model, engine.comm.ledger
+        self.world_size = engine.comm.world_size  # the strategy's own group, not the world's
         self.ledger.subscribe(self._collective)
-        self.live = LiveMemory(model, optimizer).__enter__()
-        if hasattr(optimizer, "register_step_post_hook"):  # a plain torch optimizer
-            # Note: the model state kept between steps is whole right after the step, before
-            # the training loop's zero_grad() frees the gradients.
-            optimizer.register_step_post_hook(lambda *_: self.mark("optimizer_step"))
+        self.live = LiveMemory(model, optimizer)
+        # Note: autograd's saved-tensor hooks are on only from a forward to the end of its step
+        # (the optimizer's post-step hook), not for the whole life of the recorder.
+        model.register_forward_pre_hook(lambda *_: self._watch_activations(True))
+        # Note: the model state kept between steps is whole right after the step, before
+        # the training loop's zero_grad() frees the gradients.
+        optimizer.register_step_post_hook(lambda *_: self._after_optimizer_step())
         units = [{"name": u.name, "bytes": u.padded_bytes} for u in getattr(engine, "units", [])]
         device = next(iter(model.parameters())).device
         self._emit("meta", time=time.time(), world_size=self.world_size,
-                   strategy=engine.strategy, params=sum(numel_trainable_and_frozen(engine)),
-                   units=units,
-                   theory=expected_costs(model), device=str(device),
+                   strategy=engine.strategy, params=sum(engine.numel()), units=units,
+                   theory=engine.expected_costs(),
+                   formulas=engine.formulas(engine.element_size()), device=str(device),
                    backend=dist.get_backend() if self.world_size > 1 else "none")
         for record in self.ledger.records:  # what happened before we listened (wrap-time sync)
             self._collective(record)
@@ -96,18 +98,32 @@ class Recorder:
         self.mark("step_start")
 
     def mark(self, label: str) -> None:
-        """A memory snapshot at a phase boundary."""
+        """A memory snapshot at a phase boundary (``label`` may carry ``unit`` and ``phase``)."""
         if self.live is None or self.paused:
             return
         total, by_category = self.live.sample()
         extra = {"cuda": cuda} if (cuda := self.live.cuda()) else {}
-        self._emit("memory", time=time.time(), label=label, total_bytes=total,
+        if hasattr(label, "unit"):
+            extra.update(unit=label.unit, phase=label.phase)
+        self._emit("memory", time=time.time(), label=str(label), total_bytes=total,
                    by_category=by_category, **extra)
 
+    def _watch_activations(self, on: bool) -> None:
+        if self.live is None or self.live.active == on or (on and self.paused):
+            return
+        if on:
+            self.live.__enter__()
+        else:
+            self.live.__exit__(None, None, None)
+
+    def _after_optimizer_step(self) -> None:
+        self.mark("optimizer_step")
+        self._watch_activations(False)
+
     def _collective(self, r: CollectiveRecord) -> None:
-        self._emit("collective", step=r.step, op=r.op, label=r.label,
-                   payload_bytes=r.payload_bytes, sent_bytes=r.sent_bytes, start=r.start,
-                   end=r.start + r.seconds)
+        self._emit("collective", step=r.step, op=r.op, unit=r.unit, phase=r.phase, group=r.group,
+                   label=r.label, payload_bytes=r.payload_bytes, sent_bytes=r.sent_bytes,
+                   start=r.start, end=r.start + r.seconds)
 
     # -- called by the training loop ------------------------------------------------------------
 
@@ -125,19 +141,15 @@ class Recorder:
 
     def pause(self) -> None:
         """Stop recording (e.g. around evaluation) until ``resume()``."""
-        if self.live is not None and not self.paused:
-            self.live.__exit__(None, None, None)
+        self._watch_activations(False)
         self.paused = True
 
     def resume(self) -> None:
-        if self.live is not None and self.paused:
-            self.live.__enter__()
-        self.paused = False
+        self.paused = False  # activations are watched again from the next forward on
         self._step_start = time.time()
 
     def close(self) -> None:
-        if self.live is not None and not self.paused:
-            self.live.__exit__(None, None, None)
+        self._watch_activations(False)
         self.live = None
         self._emit("end", time=time.time())
         self.flush(force=True)

@@ -1,29 +1,52 @@
-"""The ZeRO formulas, as functions: what each strategy *should* cost, to set beside what it does.
+"""The ZeRO formulas, as functions: what a strategy *should* cost, to set beside what it does.
 
-Ψ = trainable parameters, N = ranks, fp32 training with Adam: 4 bytes of parameter, 4 of gradient
-and 8 of optimizer state (two moments) per parameter. "Padded" counts round every flat bucket or
-unit up to a multiple of N, exactly as :mod:`fsdp_mini.flat` lays them out.
+Ψ = trainable parameters, N = ranks. Per parameter a rank keeps ``param_bytes`` of parameter,
+``grad_bytes`` of gradient and ``optim_bytes`` of optimizer state (fp32 with Adam: 4, 4 and 8,
+two moments). A ZeRO stage is the set of those three parts it shards over the N ranks:
 
-Persistent model state per rank (kept between steps):
+    ddp    nothing sharded                  4Ψ + 4Ψ + 8Ψ            = 16Ψ
+    zero1  the optimizer state              4Ψ + 4Ψ + 8Ψ/N          = 8Ψ + 8Ψ/N
+    zero2  + the gradients                  4Ψ + (4Ψ + 8Ψ)/N        = 4Ψ + 12Ψ/N
+    fsdp   + the parameters                 (4Ψ + 4Ψ + 8Ψ)/N        = 16Ψ/N
+           (+ the gathered unit(s) and the activations while computing)
 
-    ddp    4Ψ + 4Ψ + 8Ψ            = 16Ψ
-    zero1  4Ψ + 4Ψ + 8Ψ/N
-    zero2  4Ψ + (4Ψ + 8Ψ)/N
-    fsdp   (4Ψ + 4Ψ + 8Ψ)/N        (+ the gathered unit and activations while computing)
+In mixed precision (2-byte parameters and gradients, 12 bytes of fp32 master copy and moments)
+the same rule gives DDP 16Ψ, ZeRO-1 4Ψ + 12Ψ/N, ZeRO-2 2Ψ + 14Ψ/N, ZeRO-3 16Ψ/N.
 
-Bytes sent per rank per step (ring model, see :mod:`fsdp_mini.comm`):
+Bytes sent per rank per step follow the ring model of :mod:`fsdp_mini.ledger` (one home for it):
 
     ddp    all-reduce Ψ                               2(N-1)/N x 4Ψ
     zero   reduce-scatter Ψ + all-gather Ψ            2(N-1)/N x 4Ψ
     fsdp   all-gather Ψ (forward) + all-gather of the units freed after forward (backward)
            + reduce-scatter Ψ                         3(N-1)/N x 4Ψ with every unit freed
+
+"Padded" counts round every flat bucket or unit up to a multiple of N, exactly as
+:mod:`fsdp_mini.flat` lays them out.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-STRATEGIES = ("single", "ddp", "zero1", "zero2", "fsdp")
+from .ledger import ring_bytes
+
+STRATEGIES = ("single", "ddp", "zero1", "zero2", "fsdp")  # the kit's own, in ZeRO order
+PARTS = ("params", "grads", "optim")
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of each part of the model state."""
+
+    params: int = 4
+    grads: int = 4
+    optim: int = 8
+
+    @classmethod
+    def adam(cls, element_size: int, optim_bytes: int | None = None) -> "StateBytes":
+        """Parameters and gradients of ``element_size`` bytes; Adam's two moments by default."""
+        return cls(element_size, element_size,
+                   2 * element_size if optim_bytes is None else optim_bytes)
 
 
 @dataclass(frozen=True)
@@ -35,40 +58,46 @@ class UnitSize:
     gathered_in_backward: bool = True
 
 
-def ring_fraction(world_size: int) -> float:
-    return (world_size - 1) / world_size
+def persistent_bytes(sharded: tuple[str, ...], numel: int, world_size: int,
+                     padded_numel: int | None = None, frozen_numel: int = 0,
+                     sizes: StateBytes = StateBytes()) -> float:
+    """Model-state bytes one rank keeps between steps when the parts in ``sharded`` are split
+    over the ranks (their padded size / N) and the others are whole. Frozen parameters have no
+    gradient and no optimizer state: only their values, sharded with the parameters."""
+    n = world_size
+    padded = numel if padded_numel is None else padded_numel
+    total = 0.0
+    for part in PARTS:
+        per_param = getattr(sizes, part)
+        total += per_param * padded / n if part in sharded else per_param * numel
+    return total + sizes.params * frozen_numel / (n if "params" in sharded else 1)
+
+
+def memory_formula(sharded: tuple[str, ...], sizes: StateBytes = StateBytes()) -> str:
+    """``persistent_bytes`` as a person writes it: ``"4Ψ + 12Ψ/N"``."""
+    whole = sum(getattr(sizes, p) for p in PARTS if p not in sharded)
+    split = sum(getattr(sizes, p) for p in PARTS if p in sharded)
+    terms = ([f"{whole}Ψ"] if whole else []) + ([f"{split}Ψ/N"] if split else [])
+    return " + ".join(terms)
 
 
 def ddp_sent_bytes(numel: int, world_size: int, elem_bytes: int = 4) -> float:
-    return 2 * ring_fraction(world_size) * numel * elem_bytes
+    """One all-reduce of every gradient."""
+    return ring_bytes("all_reduce", numel * elem_bytes, world_size)
 
 
 def zero_sent_bytes(padded_numel: int, world_size: int, elem_bytes: int = 4) -> float:
-    return 2 * ring_fraction(world_size) * padded_numel * elem_bytes
+    """A reduce-scatter of the gradients, then an all-gather of the updated parameters."""
+    payload = padded_numel * elem_bytes
+    return (ring_bytes("reduce_scatter", payload, world_size)
+            + ring_bytes("all_gather", payload, world_size))
 
 
 def fsdp_sent_bytes(units: list[UnitSize], world_size: int, elem_bytes: int = 4) -> float:
-    elements = 0
+    """Per unit: all-gather in forward, again in backward if it was freed, reduce-scatter."""
+    total = 0.0
     for u in units:
-        whole = u.trainable + u.frozen
-        elements += whole + (whole if u.gathered_in_backward else 0) + u.trainable
-    return ring_fraction(world_size) * elements * elem_bytes
-
-
-def persistent_bytes(strategy: str, numel: int, world_size: int, padded_numel: int | None = None,
-                     frozen_numel: int = 0, param_bytes: int = 4, grad_bytes: int = 4,
-                     optim_bytes: int = 8) -> float:
-    """Model-state bytes one rank keeps between steps (frozen parameters: params only)."""
-    n = world_size
-    padded = numel if padded_numel is None else padded_numel
-    params, grads, optim = param_bytes * numel, grad_bytes * numel, optim_bytes * numel
-    frozen = param_bytes * frozen_numel
-    if strategy in ("single", "ddp"):
-        return params + grads + optim + frozen
-    if strategy == "zero1":
-        return params + grads + optim_bytes * padded / n + frozen
-    if strategy == "zero2":
-        return params + (grad_bytes + optim_bytes) * padded / n + frozen
-    if strategy == "fsdp":
-        return (param_bytes + grad_bytes + optim_bytes) * padded / n + frozen / n
-    raise ValueError(f"unknown strategy {strategy!r}; use one of {STRATEGIES}")
+        whole = (u.trainable + u.frozen) * elem_bytes
+        total += ring_bytes("all_gather", whole, world_size) * (2 if u.gathered_in_backward else 1)
+        total += ring_bytes("reduce_scatter", u.trainable * elem_bytes, world_size)
+    return total

@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import math
 
-OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier")
-MEMORY_FORMULA = {"single": "16Ψ", "ddp": "16Ψ", "zero1": "8Ψ + 8Ψ/N", "zero2": "4Ψ + 12Ψ/N",
-                  "fsdp": "16Ψ/N"}  # persistent bytes per rank, fp32 + Adam
-SENT_FORMULA = {"single": "0", "ddp": "2Ψ·4(N−1)/N", "zero1": "2Ψ·4(N−1)/N",
-                "zero2": "2Ψ·4(N−1)/N", "fsdp": "≈ 3Ψ·4(N−1)/N"}  # bytes sent per rank per step
+from .ledger import OPS, ring_fraction
 
 
 # -- readable numbers ---------------------------------------------------------------------------
@@ -70,13 +66,10 @@ def fmt_seconds(seconds) -> str:
 # -- bandwidth, nccl-tests convention --------------------------------------------------------------
 
 def busbw_factor(op: str, world_size: int) -> float:
-    """busbw / algbw for one collective on ``world_size`` ranks (0 for a barrier)."""
-    n = world_size
-    if op in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    if op == "all_reduce":
-        return 2 * (n - 1) / n
-    return 1.0 if op == "broadcast" else 0.0
+    """busbw / algbw for one collective on ``world_size`` ranks (0 for a barrier): the ring
+    model's fraction of the payload each link carries, except for broadcast, which nccl-tests
+    counts at 1 (every link carries the whole tensor once)."""
+    return 1.0 if op == "broadcast" else ring_fraction(op, world_size)
 
 
 def algbw(payload_bytes: float, seconds: float) -> float:

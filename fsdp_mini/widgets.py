@@ -32,7 +32,7 @@ from .memory import CATEGORIES
 from .runstate import Runs, RunState, phase_order
 from .telemetry import LaunchFeed, load_events
 from .timeline_svg import memory_timeline_svg
-from .units import MEMORY_FORMULA, SENT_FORMULA, fmt_bytes, fmt_rate, fmt_seconds, phase_name
+from .units import fmt_bytes, fmt_rate, fmt_seconds, phase_name
 
 __all__ = ["Comparison", "Dashboard"]
 
@@ -262,7 +262,7 @@ class Dashboard(_Live):
         scale = self._mem_scale * 1.08
         for bar, r in zip(self.bars.children, ranks):
             bar.value = self._memory_row(run, r, scale, final)
-        formula = MEMORY_FORMULA.get(run.strategy, "")
+        formula = run.formulas.get("memory", "")
         items = [(CATEGORY_NAMES[c], f"background:{CATEGORY_COLORS[c]}") for c in CATEGORIES]
         items.append(("peak so far", f"border-left:{_PEAK};width:0"))
         if theory is not None:
@@ -312,7 +312,7 @@ class Dashboard(_Live):
             rows.append([_rank_label(r), f'<div style="width:150px">{bar}</div>',
                          fmt_bytes(sum(sent[r].values())), fmt_bytes(theory),
                          fmt_bytes(run.sent_total(r))])
-        formula = SENT_FORMULA.get(run.strategy, "")
+        formula = run.formulas.get("sent", "")
         ops = sorted({op for s in sent.values() for op in s})
         self.traffic.value = (
             f"<b>Bytes sent per rank</b> in step {step if step is not None else '–'} "

@@ -33,6 +33,7 @@ from .flat import FlatLayout, ParamSlot, ShardPieces
 from .grad_watch import GradWatch
 from .memory import allocating
 from .strategy import Strategy
+from .theory import zero_sent_bytes
 
 
 class ZeroBucket:
@@ -85,12 +86,12 @@ class ZeroBucket:
 class Zero(Strategy):
     """ZeRO stage 1 (``shard_grads=False``) or 2 (``shard_grads=True``) state of a module."""
 
-    def __init__(self, module: nn.Module, comm: Comm, shard_grads: bool, bucket_mb: float = 25.0,
-                 recorder=None):
-        super().__init__(module, comm)
-        self.recorder = recorder
-        self.shard_grads = shard_grads
-        self.strategy = "zero2" if shard_grads else "zero1"
+    shard_grads = False
+    traffic = "2Ψ"
+
+    def __init__(self, module: nn.Module, comm: Comm, recorder=None, bucket_mb: float = 25.0):
+        super().__init__(module, comm, recorder)
+        shard_grads = self.shard_grads
         broadcast_module_states(module, comm)
         groups = split_into_buckets(grad_ready_order(module), int(bucket_mb * 2**20))
         self.buckets = [ZeroBucket(params, comm, full_grads=not shard_grads) for params in groups]
@@ -106,11 +107,7 @@ class Zero(Strategy):
             self.watch.remember(b.flat_grad for b in self.buckets)
         module.register_forward_pre_hook(
             lambda *_: check_no_new_trainables(module, self._known, self.strategy))
-        module.register_forward_hook(lambda *_: self.mark(f"{self.strategy}/forward_done"))
-
-    def mark(self, label: str) -> None:
-        if self.recorder is not None:
-            self.recorder.mark(label)
+        module.register_forward_hook(lambda *_: self.mark(self.strategy, "forward_done"))
 
     def optimizer_params(self) -> list[nn.Parameter]:
         """What the optimizer updates: one piece per trainable parameter, in the module's order."""
@@ -130,7 +127,7 @@ class Zero(Strategy):
         self._launch(i, full, absent)
         for p in bucket.params:  # the full gradients are no longer needed
             p.grad = None
-        self.mark(f"bucket{i}/launched")
+        self.mark(f"bucket{i}", "launched")
 
     def _collect_shard_grads(self) -> None:
         """Each rank keeps the averaged gradient of the shards it owns, in its pieces."""
@@ -145,7 +142,7 @@ class Zero(Strategy):
         self._collect_shard_grads()
         if not self.shard_grads:
             self.watch.remember(b.flat_grad for b in self.buckets)
-        self.mark(f"{self.strategy}/backward_end")
+        self.mark(self.strategy, "backward_end")
 
     # -- ZeRO-1: at the optimizer step ----------------------------------------------------------
 
@@ -179,7 +176,7 @@ class Zero(Strategy):
             self.watch.remember(b.flat_grad for b in self.buckets)
         for i, bucket in enumerate(self.buckets):
             self.comm.all_gather(bucket.flat, bucket.shard, label=f"bucket{i}")
-        self.mark(f"{self.strategy}/step_end")
+        self.mark(self.strategy, "step_end")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """``model.zero_grad()`` and ``optimizer.zero_grad()`` both clear the pieces too."""
@@ -205,3 +202,21 @@ class Zero(Strategy):
 
     def padded_numel(self) -> int:
         return sum(b.layout.padded_numel for b in self.buckets)
+
+    def sent_bytes_per_step(self) -> float:
+        return zero_sent_bytes(self.padded_numel(), self.comm.world_size, self.element_size())
+
+
+class Zero1(Zero):
+    """ZeRO-1: the optimizer state is sharded; gradients are reduce-scattered at the step."""
+
+    strategy = "zero1"
+    sharded = ("optim",)
+
+
+class Zero2(Zero):
+    """ZeRO-2: the gradients are sharded too, reduce-scattered while backward runs."""
+
+    strategy = "zero2"
+    sharded = ("grads", "optim")
+    shard_grads = True
