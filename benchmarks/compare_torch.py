@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 import fsdp_mini
 from fsdp_mini.models import GPTConfig, SyntheticText, make_model
+from fsdp_mini.training import train_step
 
 PAIRS = (("fsdp_mini ddp", "torch DDP"), ("fsdp_mini fsdp", "torch fully_shard"))
 TARGET_TIME, TARGET_PEAK = 1.25, 1.10
@@ -49,14 +50,6 @@ def build(kind: str, cfg: GPTConfig, device: torch.device):
     return model, adamw(model.parameters())
 
 
-def train_step(model, optimizer, x, y) -> float:
-    _, loss = model(x, y)
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    return loss.item()
-
-
 def bench_rank(rank: int, world_size: int, model_size: str, steps: int, warmup: int,
                global_batch: int) -> dict:
     device = fsdp_mini.rank_device()
@@ -73,7 +66,7 @@ def bench_rank(rank: int, world_size: int, model_size: str, steps: int, warmup: 
                 dist.barrier()
                 _sync(device)
                 start = time.perf_counter()
-                losses[kind].append(train_step(*models[kind], x, y))
+                losses[kind].append(train_step(*models[kind], (x, y)))
                 _sync(device)
                 if step >= warmup:
                     times[kind].append(time.perf_counter() - start)
@@ -82,7 +75,7 @@ def bench_rank(rank: int, world_size: int, model_size: str, steps: int, warmup: 
     for kind in kinds:
         dist.barrier()
         with fsdp_mini.track_memory(*models[kind]) as mem:
-            losses[kind].append(train_step(*models[kind], x, y))
+            losses[kind].append(train_step(*models[kind], (x, y)))
             _sync(device)
         peaks[kind] = mem.own_peak_bytes
         cuda_peaks[kind] = mem.cuda.get("peak_allocated_bytes")

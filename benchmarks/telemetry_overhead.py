@@ -22,15 +22,13 @@ import torch.distributed as dist
 import fsdp_mini
 from fsdp_mini.models import GPTConfig, SyntheticText, make_model
 from fsdp_mini.telemetry import EventLog, Recorder
+from fsdp_mini.training import train_step
 
 
 def _step(model, optimizer, x, y) -> float:
     start = time.perf_counter()
-    _, loss = model(x, y)
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    return time.perf_counter() - start, loss.item()
+    loss = train_step(model, optimizer, (x, y))
+    return time.perf_counter() - start, loss
 
 
 def overhead_rank(rank, world_size, strategy, model_size, steps, global_batch):

@@ -32,7 +32,7 @@ from .comm import Comm, Ledger
 from .fsdp import FSDP
 from .registry import get_strategy
 from .strategy import Strategy
-from .theory import STRATEGIES
+from .theory import STRATEGIES  # noqa: F401  (public: the kit's own strategy names)
 from .wrap import make_parallel
 
 

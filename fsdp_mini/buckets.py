@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
 from torch import nn
 from torch.autograd import Variable
 

@@ -8,7 +8,6 @@ and returns what a test or a lab checks afterwards.
 
 from __future__ import annotations
 
-import time
 from functools import partial
 
 import torch
@@ -17,6 +16,7 @@ from .api import parallelize
 from .launcher import rank_device
 from .models import GPTConfig, SyntheticText, make_model
 from .telemetry import Recorder
+from .training import train
 
 
 def train_gpt(rank: int, world_size: int, strategy: str = "fsdp", steps: int = 5,
@@ -35,24 +35,13 @@ def train_gpt(rank: int, world_size: int, strategy: str = "fsdp", steps: int = 5
     net, optimizer = parallelize(net, strategy, units=list(net.blocks), recorder=recorder,
                                  optimizer=partial(torch.optim.AdamW, lr=lr), **options)
     ledger = net.fsdp_mini.comm.ledger
-    losses, seconds = [], []
-    for step in range(steps):
-        if recorder is None:
-            ledger.next_step()
-        start = time.perf_counter()
-        x, y = (t.to(device) for t in data.local_batch(step, global_batch, rank, world_size))
-        _, loss = net(x, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if recorder is not None:
-            recorder.step_end(loss.item())
-        losses.append(loss.item())
-        seconds.append(time.perf_counter() - start)
+    run = train(net, optimizer, lambda step: tuple(
+        t.to(device) for t in data.local_batch(step, global_batch, rank, world_size)), steps,
+        recorder=recorder)
     if recorder is not None:
         recorder.close()
     totals = {op: t.sent_bytes for op, t in ledger.totals().items()}
-    return {"losses": losses, "step_seconds": seconds, "sent_bytes_by_op": totals,
+    return {"losses": run.losses, "step_seconds": run.step_seconds, "sent_bytes_by_op": totals,
             "sent_bytes": ledger.sent_bytes()}
 
 

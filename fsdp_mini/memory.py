@@ -253,7 +253,11 @@ def track_memory(*sources):
         mem.peak_by_category["params"]        # 1000/4 x 4 B = 1000 B: the shard, not the model
         mem.at_peak                           # breakdown at the moment of the peak
 
-    Note: only one tracker can be active in a process (it patches ``UntypedStorage.resize_``).
+    Note: only one tracker can be active in a process: while it is, ``UntypedStorage.resize_``
+    is patched for the whole process. A storage resize (how FSDP frees a gathered unit) is not an
+    aten op, so the dispatch mode never sees it; and it may run on a thread other than this one
+    (autograd runs GPU backward on its own threads), so the patch cannot be limited to a thread.
+    It is removed when the block ends, also on an exception.
     """
     tracker = MemoryTracker(sources=sources)
     original_resize = torch.UntypedStorage.resize_

@@ -1,7 +1,7 @@
 """Static figures of a run's telemetry, for slides, the README, and the end of a live run.
 
-Every function takes the events (a list of dicts), a :class:`~fsdp_mini.runstate.Runs` or a
-:class:`~fsdp_mini.runstate.RunState`, and optionally an ``ax`` to draw into; it returns the Figure.
+Every function takes the events (a list of dicts), a :class:`~fsdp_mini.telemetry.runstate.Runs` or a
+:class:`~fsdp_mini.telemetry.runstate.RunState`, and optionally an ``ax`` to draw into; it returns the Figure.
 The numbers come from ``RunState``, the same object the live widgets read.
 
 Figures are made with ``matplotlib.figure.Figure``, not pyplot: they work under Agg and in any
@@ -17,8 +17,8 @@ from matplotlib.ticker import FuncFormatter, Locator, MaxNLocator
 
 from .memory import CATEGORIES
 from .theory import STRATEGIES
-from .runstate import Runs, RunState, phase_order
-from .units import fmt_bytes, fmt_rate, fmt_seconds, phase_name
+from .telemetry.runstate import Runs, RunState, phase_order
+from .telemetry.units import fmt_bytes, fmt_rate, fmt_seconds, phase_name
 
 CATEGORY_COLORS = {"params": "#4C72B0", "gathered_params": "#9DC3E6", "grads": "#55A868",
                    "optimizer_state": "#8172B2", "comm_buffers": "#C44E52",

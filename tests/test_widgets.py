@@ -20,8 +20,8 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from fsdp_mini import plots, widgets  # noqa: E402
 from fsdp_mini.memory import CATEGORIES  # noqa: E402
-from fsdp_mini.runstate import RunState, Runs  # noqa: E402
-from fsdp_mini.units import busbw, busbw_factor, fmt_bytes, fmt_rate, fmt_seconds  # noqa: E402
+from fsdp_mini.telemetry.runstate import RunState, Runs  # noqa: E402
+from fsdp_mini.telemetry.units import busbw, busbw_factor, fmt_bytes, fmt_rate, fmt_seconds  # noqa: E402
 
 RECORDED = os.path.join(os.path.dirname(__file__), "data", "events_fsdp_ws4.jsonl")
 UNITS = [("root", 84_224)] + [(f"blocks.{i}", 787_456) for i in range(4)]  # parameters per unit
@@ -184,7 +184,7 @@ class _Bundle(dict):
 def shown(monkeypatch):
     seen = Shown()
     seen.updates = []
-    monkeypatch.setattr(widgets, "display", seen)
+    monkeypatch.setattr(widgets.live, "display", seen)  # where the widgets show themselves
     return seen
 
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import fsdp_mini
+from fsdp_mini import training
 from fsdp_mini.models import GPTConfig, SyntheticText, make_model
 
 GLOBAL_BATCH = 12  # divisible by 1, 2, 3 and 4
@@ -89,22 +90,12 @@ def train(model_name: str, strategy: str, options: dict, opt_name: str, rank: in
     model = build().to(device)
     model, optimizer = fsdp_mini.parallelize(model, strategy, optimizer=OPTIMIZERS[opt_name],
                                              units=units_of(model), **options)
-    ledger = model.fsdp_mini.comm.ledger
-    sent_per_step, losses = [], []
-    for step in range(steps):
-        ledger.next_step()
-        x, y = (t.to(device) for t in batch(step, rank, world_size))
-        for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
-            _, loss = model(xm, ym)
-            (loss / micro_batches).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        sent_per_step.append(ledger.sent_bytes(step=ledger.step))
-        losses.append(loss.item())
+    run = training.train(model, optimizer, lambda step: tuple(
+        t.to(device) for t in batch(step, rank, world_size)), steps, micro_batches=micro_batches)
     expected = fsdp_mini.expected_costs(model)
     state = {k: v.cpu() for k, v in fsdp_mini.full_state_dict(model).items()}
-    return {"state": state if rank == 0 else None, "sent_per_step": sent_per_step,
-            "losses": losses, "expected": expected}
+    return {"state": state if rank == 0 else None, "sent_per_step": run.sent_bytes,
+            "losses": run.losses, "expected": expected}
 
 
 def train_reference(model_name: str, opt_name: str, steps: int = STEPS):
@@ -112,12 +103,7 @@ def train_reference(model_name: str, opt_name: str, steps: int = STEPS):
     build, _, batch = MODELS[model_name]
     model = build()
     optimizer = OPTIMIZERS[opt_name]([p for p in model.parameters() if p.requires_grad])
-    for step in range(steps):
-        x, y = batch(step)
-        _, loss = model(x, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    training.train(model, optimizer, batch, steps)
     return model.state_dict()
 
 

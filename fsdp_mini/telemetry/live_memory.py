@@ -22,7 +22,7 @@ import weakref
 
 import torch
 
-from .memory import CATEGORIES, OTHER, _cuda_figures, _storages, categories_of
+from ..memory import CATEGORIES, OTHER, _cuda_figures, _storages, categories_of
 
 
 class LiveMemory:

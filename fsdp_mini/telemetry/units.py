@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from .ledger import OPS, ring_fraction
+from ..ledger import ring_fraction
 
 
 # -- readable numbers ---------------------------------------------------------------------------

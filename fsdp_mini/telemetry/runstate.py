@@ -11,8 +11,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from .memory import PERSISTENT
-from .units import OPS, PHASES, algbw, busbw_factor, unit_and_phase
+from ..memory import PERSISTENT
+from ..ledger import OPS
+from .units import PHASES, algbw, busbw_factor, unit_and_phase
 
 
 # -- aggregation --------------------------------------------------------------------------------
@@ -257,7 +258,7 @@ class Runs:
 def _formulas_of(strategy: str | None) -> dict[str, str]:
     """The formulas of a strategy this process knows (events recorded before the meta event
     carried them); none for one it does not."""
-    from .registry import get_strategy
+    from ..registry import get_strategy
     try:
         return get_strategy(strategy).formulas()
     except ValueError:

@@ -8,10 +8,10 @@ costs almost nothing and updates inside an ``ipywidgets.HTML`` anywhere.
 
 from __future__ import annotations
 
-from .memory import CATEGORIES
-from .plots import CATEGORY_COLORS, rank_color
-from .runstate import RunState
-from .units import fmt_bytes
+from ..memory import CATEGORIES
+from ..plots import CATEGORY_COLORS, rank_color
+from ..telemetry.runstate import RunState
+from ..telemetry.units import fmt_bytes
 
 W, H = 640, 260                      # drawing size in pixels
 LEFT, RIGHT, TOP, BOTTOM = 64, 12, 22, 30

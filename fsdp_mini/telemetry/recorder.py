@@ -1,43 +1,17 @@
-"""Telemetry: ranks stream what they do (memory, collectives, steps) to whoever watches.
-
-Rank side, a :class:`Recorder` turns the engine's phase marks, the ledger's collectives and the
-training loop's steps into events, and appends them to ``events_rank{r}.jsonl`` in one folder,
-a batch at a time (at most ``1 / flush_seconds`` writes a second; nothing is dropped)::
-
-    rec = Recorder.from_env(run="fsdp")          # the folder launch(..., monitor=...) watches
-    model, opt = fsdp_mini.parallelize(model, "fsdp", units=..., recorder=rec)
-    for step in range(steps):
-        loss = ...; loss.backward(); opt.step(); opt.zero_grad()
-        rec.step_end(loss)
-    rec.close()
-
-Caller side, whatever watches the folder, live or afterwards: ``launch(fn, n, monitor=...)``
-with a :class:`LaunchFeed` (the dashboard is one), :class:`EventTail` to follow the files
-yourself, or :func:`load_events` once the job is over (also for jobs started with torchrun:
-set ``FSDP_MINI_EVENTS_DIR`` for them).
-
-Events (one JSON object per line; times are Unix seconds; ``step`` is the ledger's step):
-
-    meta        world_size, strategy, params, theory{sent_bytes_per_step, persistent_bytes},
-                formulas{memory, sent}, units[{name, bytes}], device, backend
-    memory      label, [unit, phase], total_bytes, by_category{6 categories}, [cuda{...}]
-    collective  op, unit, phase, group, label, payload_bytes, sent_bytes, start, end
-    step        loss, start, end
-    end         (the rank stopped recording)
-
-Every event also carries ``type``, ``rank``, ``step`` and ``run``.
+"""The rank side of telemetry: a :class:`Recorder` turns the engine's phase marks, the ledger's
+collectives and the training loop's steps into events, and appends them to
+``events_rank{r}.jsonl`` in one folder, a batch at a time (see :mod:`fsdp_mini.telemetry`).
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import time
 
 import torch.distributed as dist
 
-from .ledger import CollectiveRecord
+from ..ledger import CollectiveRecord
 from .live_memory import LiveMemory
 
 EVENTS_DIR_ENV = "FSDP_MINI_EVENTS_DIR"
@@ -185,78 +159,3 @@ class Recorder:
         self._file.flush()
         self._pending.clear()
         self._last_flush = now
-
-
-class EventTail:
-    """Follows the ``events_rank*.jsonl`` files of a folder; ``read()`` returns new events."""
-
-    def __init__(self, directory: str):
-        self.directory = directory
-        self._offsets: dict[str, int] = {}
-        self._partial: dict[str, str] = {}
-
-    def read(self) -> list[dict]:
-        events = []
-        for path in sorted(glob.glob(os.path.join(self.directory, "events_rank*.jsonl"))):
-            with open(path) as f:
-                f.seek(self._offsets.get(path, 0))
-                text = self._partial.pop(path, "") + f.read()
-                self._offsets[path] = f.tell()
-            lines = text.split("\n")
-            if lines[-1]:
-                self._partial[path] = lines[-1]  # a line still being written
-            events.extend(json.loads(line) for line in lines[:-1] if line)
-        return events
-
-
-def load_events(path: str) -> list[dict]:
-    """Every event of a finished job, from its folder (or from one ``.jsonl`` file)."""
-    if os.path.isfile(path):
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    return EventTail(path).read()
-
-
-class LaunchFeed:
-    """What ``launch(..., monitor=...)`` talks to. Subclasses implement ``start(world_size)``,
-    ``update(events)`` and ``finish(ok)``; this class does the tailing in between."""
-
-    poll_seconds = 0.1
-
-    def launch_started(self, world_size: int, events_dir: str) -> None:
-        self._tail, self._last_poll = EventTail(events_dir), 0.0
-        self.start(world_size)
-
-    def launch_poll(self) -> None:
-        if time.time() - self._last_poll >= self.poll_seconds:
-            self._last_poll = time.time()
-            events = self._tail.read()
-            if events:
-                self.update(events)
-
-    def launch_finished(self, ok: bool) -> None:
-        events = self._tail.read()
-        if events:
-            self.update(events)
-        self.finish(ok)
-
-    def start(self, world_size: int) -> None:
-        pass
-
-    def update(self, events: list[dict]) -> None:
-        pass
-
-    def finish(self, ok: bool) -> None:
-        pass
-
-
-class EventLog(LaunchFeed):
-    """The simplest monitor: keeps every event in ``self.events``."""
-
-    def __init__(self):
-        self.events: list[dict] = []
-        self.updates = 0
-
-    def update(self, events: list[dict]) -> None:
-        self.events.extend(events)
-        self.updates += 1

@@ -1,0 +1,43 @@
+"""A strategy from outside the kit plugs in with one registration line (tests/toy_strategy.py)."""
+
+import pytest
+
+import fsdp_mini
+import workers
+from helpers import assert_states_equal
+
+
+def naive_run(rank, world_size):
+    import toy_strategy  # noqa: F401  (registers "naive_ddp" in this rank)
+    out = workers.train("gpt", "naive_ddp", {}, "sgd", rank, world_size)
+    model, opt = fsdp_mini.parallelize(workers.make_odd(), "naive_ddp")
+    x, y = workers.odd_batch(0, rank, world_size)
+    with fsdp_mini.track_memory(model, opt) as mem:
+        model(x, y)[1].backward()
+        norm = fsdp_mini.clip_grad_norm_(model, 1e9)
+        opt.step()
+    out["grads_bytes"] = mem.category_bytes()["grads"]
+    out["norm"] = float(norm)
+    return out
+
+
+def test_a_registered_strategy_trains_like_a_single_process():
+    results = fsdp_mini.launch(naive_run, 2, timeout=60)
+    reference = workers.train_reference("gpt", "sgd")
+    assert_states_equal(results[0]["state"], reference, 1e-5, "naive_ddp")
+    for res in results:
+        for sent in res["sent_per_step"][:-1]:
+            assert sent == pytest.approx(res["expected"]["sent_bytes_per_step"], rel=1e-12)
+        assert res["grads_bytes"] == 4 * (7 * 15 + 15 * 3 + 3)  # one whole gradient per param
+    assert results[0]["norm"] == pytest.approx(results[1]["norm"])
+
+
+def test_registration_errors_are_clear():
+    import toy_strategy
+    with pytest.raises(TypeError, match="subclass of fsdp_mini.Strategy"):
+        fsdp_mini.register_strategy(object)
+    with pytest.raises(TypeError, match=r"unknown option\(s\) for 'naive_ddp': bucket_mb"):
+        fsdp_mini.parallelize(workers.make_odd(), "naive_ddp", bucket_mb=1)
+    model, _ = fsdp_mini.parallelize(workers.make_odd(), toy_strategy.NaiveDDP)  # the class too
+    assert model.fsdp_mini.strategy == "naive_ddp"
+    assert model.fsdp_mini.formulas() == {"memory": "16Ψ", "sent": "2Ψ·4(N−1)/N"}
