@@ -3,7 +3,8 @@
 The caller has written `config.json` and `payload.pkl` (cloudpickled fn and args) into LAUNCH_DIR and
 pointed this process's stdout/stderr at `rank{RANK}.log`. This rank writes back either
 `rank{RANK}.result` (torch.save of fn's return value) or `rank{RANK}.error` (JSON with the exception
-type, message, traceback and the time it happened, which the caller uses to find the first failure).
+type, message, traceback, frames and the time it happened, which the caller uses to find the first
+failure).
 """
 import atexit
 import ctypes
@@ -57,8 +58,11 @@ def _write_error(path, exc):
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
     tb = exc.__traceback__
     tb = tb.tb_next or tb  # start at the user's fn, not at main() below
+    # Note: the frames (file, line, function) let the caller tell an error that torch.distributed
+    # raised (a lost peer: a consequence) from the user's own, whatever the message says.
     record = {"type": name, "message": str(exc), "time": time.time(),
-              "traceback": "".join(traceback.format_exception(kind, exc, tb))}
+              "traceback": "".join(traceback.format_exception(kind, exc, tb)),
+              "frames": [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(tb)]}
     sys.stderr.write(record["traceback"])
 
     def write(tmp):

@@ -2,6 +2,8 @@
 
     fsdp-mini compare --world-size 4            # every strategy, one table
     fsdp-mini compare --json results.json       # and the figures as JSON (format in README)
+
+Bad arguments are reported in one line on stderr with exit status 2, before any rank starts.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 
 from .api import STRATEGIES
@@ -42,28 +45,77 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _error(message: str) -> int:
+    """One clear line on stderr and exit status 2, like argparse's own usage errors."""
+    print(f"fsdp-mini compare: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _check_json_path(path: str | None) -> None:
+    """Fail now, not after the whole run, if the report cannot be written to path."""
+    if path is None:
+        return
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise ValueError(f"--json {path} is a folder; give the path of a file to write")
+    if not os.path.isdir(folder):
+        problem = ("is a file, not a folder" if os.path.exists(folder)
+                   else "does not exist; create it first")
+        raise ValueError(f"--json {path}: the folder {folder} {problem}")
+    try:
+        # Note: do what the final write will do (create a file in that folder) rather than
+        # predict it: os.access judges by the real, not the effective, user id.
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".fsdp-mini-check-")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as err:
+        raise ValueError(f"--json {path}: cannot write in {folder} ({err.strerror or err}); "
+                         "pick a writable folder") from None
+
+
+def _check_args(args):
+    """Every check of `compare`'s input, before any rank starts: (world_size, backend, config)."""
+    from .compare import CompareConfig
+    from .launch_inputs import MAX_TIMEOUT_S, MAX_WORLD_SIZE, MIN_TIMEOUT_S, check_launch_args
+
+    world_size = args.world_size if args.world_size is not None else _default_world_size()
+    if not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise ValueError(f"--world-size must be >= 1 and <= {MAX_WORLD_SIZE} (ranks on this machine), "
+                         f"got {world_size}")
+    if not MIN_TIMEOUT_S <= args.timeout <= MAX_TIMEOUT_S:  # Note: also false for nan
+        raise ValueError(f"--timeout must be a number of seconds from {MIN_TIMEOUT_S:g} to "
+                         f"{MAX_TIMEOUT_S:g}, got {args.timeout:g}")
+    if args.global_batch < 1:
+        raise ValueError(f"--global-batch must be >= 1, got {args.global_batch}")
+    if args.global_batch % world_size:
+        raise ValueError(f"--global-batch {args.global_batch} is not divisible by --world-size "
+                         f"{world_size}; pick a multiple of {world_size}")
+    if args.steps < CompareConfig.warmup + 2:
+        raise ValueError(f"--steps must be at least {CompareConfig.warmup + 2} (warm-up, a timed "
+                         f"and a memory-tracked step), got {args.steps}")
+    strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
+    config = CompareConfig(strategies=strategies, steps=args.steps, global_batch=args.global_batch,
+                           model=args.model, progress=sys.stdout.isatty())
+    world_size, backend, _, _ = check_launch_args(world_size, args.backend, args.timeout)
+    _check_json_path(args.json)
+    return world_size, backend, config
+
+
 def compare_command(args) -> int:
-    from .compare import CompareConfig, compare_on_rank, format_table, gather_report
+    from .compare import compare_on_rank, format_table, gather_report
     from .launcher import launch
     from .models import make_model
 
-    world_size = args.world_size if args.world_size is not None else _default_world_size()
-    if args.global_batch % max(world_size, 1):
-        raise SystemExit(f"fsdp-mini compare: --global-batch {args.global_batch} is not divisible "
-                         f"by --world-size {world_size}; pick a multiple of {world_size}")
-    strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
     try:
-        config = CompareConfig(strategies=strategies, steps=args.steps,
-                               global_batch=args.global_batch, model=args.model,
-                               progress=sys.stdout.isatty())
-    except ValueError as err:
-        raise SystemExit(f"fsdp-mini compare: {err}")
+        world_size, backend, config = _check_args(args)
+    except (ValueError, TypeError) as err:
+        return _error(str(err))
     params = make_model(config.gpt()).num_params()
     print(f"fsdp-mini compare: GPT with {params / 1e6:.2f}M parameters (Ψ), world size "
           f"{world_size}, {config.steps} steps, global batch {config.global_batch}", flush=True)
     started = time.perf_counter()
-    per_rank = launch(compare_on_rank, world_size, config, backend=args.backend,
-                      timeout=args.timeout)
+    per_rank = launch(compare_on_rank, world_size, config, backend=backend, timeout=args.timeout)
     report = gather_report(per_rank, world_size, params)
     print(format_table(report))
     print(f"({time.perf_counter() - started:.0f} s; peak = tensor bytes this training added, "

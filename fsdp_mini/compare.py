@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from functools import partial
 
@@ -21,8 +20,10 @@ import torch.distributed as dist
 
 from .api import STRATEGIES, expected_costs, parallelize
 from .launcher import rank_device
-from .memory import PERSISTENT, track_memory
+from .memory import PERSISTENT
 from .models import GPTConfig, SyntheticText, make_model
+from .registry import get_strategy
+from .training import train
 
 
 
@@ -41,12 +42,32 @@ class CompareConfig:
         return GPTConfig.tiny() if self.model == "tiny" else GPTConfig()
 
     def __post_init__(self):
+        # Note: checked here, not only in the CLI, so a bad config fails in the caller before any
+        # rank starts, whether it came from `fsdp-mini compare` or from Python.
+        names = self.strategies
+        if not isinstance(names, (tuple, list)) or not all(isinstance(s, str) for s in names):
+            raise TypeError(f"strategies must be a tuple of names from {', '.join(STRATEGIES)}, "
+                            f"e.g. ('ddp', 'fsdp'), got {self.strategies!r}")
+        self.strategies = tuple(self.strategies)
+        if not self.strategies:
+            raise ValueError(f"strategies must name at least one of {', '.join(STRATEGIES)}, got none")
+        repeated = sorted({s for s in self.strategies if self.strategies.count(s) > 1})
+        if repeated:
+            raise ValueError(f"strategies name {repeated} more than once; name each strategy once")
         unknown = [s for s in self.strategies if s not in STRATEGIES]
         if unknown:
             raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+        for name in ("steps", "warmup", "global_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0 steps, got {self.warmup}")
         if self.steps < self.warmup + 2:
             raise ValueError(f"steps must be at least warmup + 2 = {self.warmup + 2} (a timed "
                              f"step and a memory-tracked step), got {self.steps}")
+        if self.global_batch < 1:
+            raise ValueError(f"global_batch must be >= 1 (sequences per step), got {self.global_batch}")
         if self.model not in ("default", "tiny"):
             raise ValueError(f"model must be 'default' or 'tiny', got {self.model!r}")
 
@@ -86,44 +107,24 @@ def compare_on_rank(rank: int, world_size: int, config: CompareConfig) -> dict:
 def _run(strategy, rank, world_size, config, data, whole_batch=False):
     device = rank_device()
     model = make_model(config.gpt()).to(device)
-    options = {"bucket_mb": config.bucket_mb} if strategy in ("ddp", "zero1", "zero2") else {}
+    options = ({"bucket_mb": config.bucket_mb}
+               if "bucket_mb" in get_strategy(strategy).options() else {})
     model, optimizer = parallelize(model, strategy, units=list(model.blocks),
                                    optimizer=partial(torch.optim.AdamW, lr=config.lr), **options)
-    ledger = model.fsdp_mini.comm.ledger
-    times, losses, sent = [], [], 0.0
-    for step in range(config.steps):
-        ledger.next_step()
+
+    def batches(step):
         x, y = (data.batch(step, config.global_batch) if whole_batch else
                 data.local_batch(step, config.global_batch, rank, world_size))
-        x, y = x.to(device), y.to(device)
-        tracked = step == config.steps - 1
-        start = time.perf_counter()
-        if tracked:
-            with track_memory(model, optimizer) as mem:
-                loss = _train_step(model, optimizer, x, y, mem)
-        else:
-            loss = _train_step(model, optimizer, x, y, None)
-            sent = ledger.sent_bytes(step=ledger.step)
-            if step >= config.warmup:
-                times.append(time.perf_counter() - start)
-        losses.append(loss)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    persistent = sum(mem.snapshots[-1].by_category[c] for c in PERSISTENT)
-    theory = expected_costs(model)
-    result = RankResult(rank, mem.own_peak_bytes, dict(mem.peak_by_category), persistent, sent,
-                        statistics.median(times), losses[-1], losses)
-    return {"theory": theory, "rank": result}
+        return x.to(device), y.to(device)
 
-
-def _train_step(model, optimizer, x, y, mem) -> float:
-    _, loss = model(x, y)
-    loss.backward()
-    optimizer.step()
-    if mem is not None:
-        mem.mark("after_step")  # model state kept between steps: params + grads + optimizer
-    optimizer.zero_grad()
-    return loss.item()
+    last = config.steps - 1  # the step measured under track_memory (not timed)
+    run = train(model, optimizer, batches, config.steps, track_memory_at=last)
+    mem = run.memory
+    persistent = sum(mem.snapshots[-1].by_category[c] for c in PERSISTENT)  # "after_step"
+    result = RankResult(rank, mem.own_peak_bytes, dict(mem.peak_by_category), persistent,
+                        run.sent_bytes[last - 1], statistics.median(run.step_seconds[
+                            config.warmup:last]), run.losses[-1], run.losses)
+    return {"theory": expected_costs(model), "rank": result}
 
 
 def _progress_bar(done: int, total: int, name: str) -> None:

@@ -32,8 +32,6 @@ memory. The root unit is never freed after forward: backward needs it again at o
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from contextlib import contextmanager
 from enum import Enum
 
 import torch
@@ -46,8 +44,8 @@ from .flat import FlatLayout, ParamSlot, ShardPieces
 from .fsdp_units import assign_slots, check_units
 from .grad_watch import GradWatch
 from .memory import allocating
+from .fsdp_whole import WholeView
 from .strategy import Strategy
-from .theory import UnitSize, fsdp_sent_bytes
 
 
 class TrainingState(Enum):
@@ -250,7 +248,7 @@ class Unit:
             group.reshard()
 
 
-class FSDP(Strategy):
+class FSDP(WholeView, Strategy):
     """The FSDP state of a module: its units and the reduce-scatters in flight."""
 
     strategy = "fsdp"
@@ -337,68 +335,6 @@ class FSDP(Strategy):
     def after_clip(self) -> None:
         self.watch.remember(self.grads_for_norm()[0])
 
-    # -- whole parameters, outside training -----------------------------------------------------
-
-    @contextmanager
-    def summon(self, writeback: bool):
-        """Every unit gathered, its module attributes the whole (detached) tensors."""
-        busy = [u.name for u in self.units
-                if u.state in (TrainingState.FORWARD, TrainingState.BACKWARD)]
-        if busy:
-            raise RuntimeError(f"summon_full_params inside the forward or backward of unit(s) "
-                               f"{busy}; call it between training steps")
-        was_gathered = {id(g): g.is_gathered for g in self.groups()}
-        before = [dict(o._parameters) for u in self.units for o in _owners(u)]
-        for group in self.groups():
-            group.unshard("summon", force=True)
-            group.point_modules_at(group.layout.views(group.gathered().detach()))
-        try:
-            yield
-            if writeback:
-                with torch.no_grad():
-                    for group in self.groups():
-                        start, end = group.layout.shard_range(self.comm.rank)
-                        group.shard.copy_(group.gathered()[start:end])
-        finally:
-            for group in self.groups():
-                if not was_gathered[id(group)]:
-                    group.reshard()
-            for owner, params in zip([o for u in self.units for o in _owners(u)], before):
-                owner._parameters.update(params)
-
-    def full_state_dict(self) -> "OrderedDict[str, torch.Tensor]":
-        """Every parameter gathered, under its original name; collective: all ranks call it."""
-        tensors: dict[str, torch.Tensor] = {}
-        for group in self.groups():
-            full = torch.empty(group.layout.padded_numel, dtype=group.shard.dtype,
-                               device=group.shard.device)
-            self.comm.all_gather(full, group.shard, label=Tag(group.label, "state_dict"))
-            for slot, view in zip(group.layout.slots, group.layout.views(full)):
-                value = view.clone()
-                for name in slot.names:
-                    tensors[name] = value
-        for name, buf in self.module.named_buffers():
-            tensors[name] = buf.detach().clone()
-        return OrderedDict((k, tensors[k]) for k in self.state_dict_keys)
-
-    def numel(self) -> tuple[int, int]:
-        slots = [s for g in self.groups() for s in g.layout.slots]
-        return (sum(s.numel for s in slots if s.requires_grad),
-                sum(s.numel for s in slots if not s.requires_grad))
-
-    def padded_numel(self) -> int:
-        return sum(g.layout.padded_numel for g in self.groups() if g.trainable)
-
-    def padded_frozen_numel(self) -> int:
-        return sum(g.layout.padded_numel for g in self.groups() if not g.trainable)
-
-    def sent_bytes_per_step(self) -> float:
-        sizes = [UnitSize(trainable=sum(g.layout.padded_numel for g in u.groups if g.trainable),
-                          frozen=sum(g.layout.padded_numel for g in u.groups if not g.trainable),
-                          gathered_in_backward=u.reshard_after_forward and u is not self.root)
-                 for u in self.units]
-        return fsdp_sent_bytes(sizes, self.comm.world_size, self.element_size())
-
     def memory_categories(self) -> dict[str, list[torch.Tensor]]:
         groups = self.groups()
         return {"params": [g.shard for g in groups],
@@ -406,8 +342,3 @@ class FSDP(Strategy):
                 "grads": [t for g in groups for t in g.pieces.grads()]
                 + [work.result for work in self._pending],
                 "comm_buffers": [work.sent for work in self._pending]}
-
-
-def _owners(unit: Unit) -> list[nn.Module]:
-    return list({id(m): m for g in unit.groups for s in g.layout.slots
-                 for m, _ in s.owners}.values())

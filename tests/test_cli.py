@@ -5,8 +5,10 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
+import torch
 
 
 def _run(*args, timeout=240):
@@ -66,3 +68,98 @@ def test_bad_arguments_are_explained():
     assert proc.returncode != 0 and "not divisible" in proc.stderr
     proc = _run("compare", "--strategies", "ddp,zero3", "--world-size", "2")
     assert proc.returncode != 0 and "unknown strategies ['zero3']" in proc.stderr
+
+
+# ---------------------------------------------------------------- bad input: one line, exit 2, no rank
+def _main_in_process(args, monkeypatch, capsys):
+    """Run `fsdp-mini compare ARGS` in this process, failing if it ever calls launch."""
+    import fsdp_mini.launcher
+    from fsdp_mini.cli import main
+
+    def no_launch(*a, **k):
+        raise AssertionError("launch was called: the bad input was not caught before any rank")
+    monkeypatch.setattr(fsdp_mini.launcher, "launch", no_launch)
+    start = time.monotonic()
+    code = main(["compare", "--model", "tiny", *args])
+    out, err = capsys.readouterr()
+    return code, out, err, time.monotonic() - start
+
+
+BAD_ARGUMENTS = [
+    (["--world-size", "0"], "--world-size must be >= 1 and <= 512 (ranks on this machine), got 0"),
+    (["--world-size", "-2"], "--world-size must be >= 1 and <= 512 (ranks on this machine), got -2"),
+    (["--world-size", "100000"], "--world-size must be >= 1 and <= 512 (ranks on this machine), got 100000"),
+    (["--timeout", "0"], "--timeout must be a number of seconds from 1 to 604800, got 0"),
+    (["--timeout", "-1"], "--timeout must be a number of seconds from 1 to 604800, got -1"),
+    (["--timeout", "nan"], "--timeout must be a number of seconds from 1 to 604800, got nan"),
+    (["--timeout", "inf"], "--timeout must be a number of seconds from 1 to 604800, got inf"),
+    (["--global-batch", "0"], "--global-batch must be >= 1, got 0"),
+    (["--global-batch", "-4", "--world-size", "2"], "--global-batch must be >= 1, got -4"),
+    (["--global-batch", "9", "--world-size", "2"],
+     "--global-batch 9 is not divisible by --world-size 2; pick a multiple of 2"),
+    (["--steps", "1"], "--steps must be at least 4 (warm-up, a timed and a memory-tracked step), got 1"),
+    (["--strategies", ""], "strategies must name at least one of single, ddp, zero1, zero2, fsdp, got none"),
+    (["--strategies", " , "], "strategies must name at least one of single, ddp, zero1, zero2, fsdp, got none"),
+    (["--strategies", "ddp,fsdp,ddp"], "strategies name ['ddp'] more than once; name each strategy once"),
+    (["--strategies", "ddp,zero3"], "unknown strategies ['zero3']; choose from single, ddp, zero1, zero2, fsdp"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_ARGUMENTS)
+def test_bad_arguments_fail_in_one_line_before_any_rank(args, message, monkeypatch, capsys):
+    code, out, err, seconds = _main_in_process(["--world-size", "2", *args], monkeypatch, capsys)
+    assert (code, out, err) == (2, "", f"fsdp-mini compare: error: {message}\n")
+    assert seconds < 3
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_nccl_without_gpus_is_one_line(monkeypatch, capsys):
+    code, out, err, _ = _main_in_process(["--world-size", "2", "--backend", "nccl"], monkeypatch, capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith('fsdp-mini compare: error: backend="nccl" needs one GPU per rank: '
+                          "world_size=2 but only 0 CUDA device(s) are visible") and err.count("\n") == 1
+
+
+def _json_targets(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    targets = {"missing folder": (tmp_path / "nope" / "r.json", "the folder {} does not exist"),
+               "a folder": (tmp_path, "is a folder; give the path of a file to write"),
+               "below a file": (tmp_path / "a_file" / "r.json", "the folder {} is a file, not a folder")}
+    if os.geteuid() != 0:  # root writes into read-only folders anyway
+        (tmp_path / "ro").mkdir(mode=0o555)
+        targets["read-only folder"] = (tmp_path / "ro" / "r.json", "cannot write in {}")
+    return targets
+
+
+def test_unwritable_json_path_fails_before_the_run(tmp_path, monkeypatch, capsys):
+    for what, (path, expected) in _json_targets(tmp_path).items():
+        code, out, err, seconds = _main_in_process(["--world-size", "2", "--json", str(path)],
+                                                   monkeypatch, capsys)
+        assert (code, out) == (2, ""), what
+        assert err.startswith(f"fsdp-mini compare: error: --json {path}") and err.count("\n") == 1, err
+        assert expected.format(os.path.dirname(path)) in err, (what, err)
+        assert seconds < 3
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # probe removed
+
+
+def test_bad_argument_from_the_shell_is_one_line_with_exit_status_2():
+    start = time.monotonic()
+    proc = _run("compare", "--world-size", "0", timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "fsdp-mini compare: error: --world-size must be >= 1 and <= 512 (ranks on this machine), got 0\n"
+    assert time.monotonic() - start < 30
+
+
+def test_compare_config_checks_strategies_for_the_python_api_too():
+    from fsdp_mini.compare import CompareConfig
+    with pytest.raises(ValueError, match=r"strategies must name at least one"):
+        CompareConfig(strategies=())
+    with pytest.raises(ValueError, match=r"strategies name \['fsdp'\] more than once"):
+        CompareConfig(strategies=("fsdp", "ddp", "fsdp"))
+    with pytest.raises(TypeError, match=r"strategies must be a tuple of names .* got 'ddp'"):
+        CompareConfig(strategies="ddp")
+    with pytest.raises(ValueError, match=r"global_batch must be >= 1 \(sequences per step\), got 0"):
+        CompareConfig(global_batch=0)
+    with pytest.raises(TypeError, match=r"steps must be an int, got 8.0"):
+        CompareConfig(steps=8.0)
+    assert CompareConfig(strategies=["ddp", "fsdp"]).strategies == ("ddp", "fsdp")

@@ -1,6 +1,7 @@
 """Tests for fsdp_mini.launch (fsdp_mini/launcher.py): results by rank, failure reports, timeouts, output, notebooks, cleanup.
 
 Every test also checks (autouse fixture) that no child process of pytest is left behind.
+How launch stops ranks and explains odd failures: test_launch_faults.py.
 """
 import _thread
 import glob
@@ -22,6 +23,8 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(TESTS_DIR)
 sys.path.insert(0, TESTS_DIR)
 from launch_helpers import workers  # noqa: E402  (importable, so pickled by reference)
+
+LOCK_NAME = ".launch.lock"  # the file that marks a log_dir in use (fsdp_mini.launch_files)
 
 
 # ---------------------------------------------------------------- no process left behind
@@ -64,6 +67,14 @@ def own_tempdir(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture
+def no_process_may_start(monkeypatch):
+    """Any attempt to start a process fails the test (and starts nothing, even on buggy code)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a process was started: {args[0] if args else kwargs}")
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
 # ---------------------------------------------------------------- results
 def test_results_by_rank_with_tensors_and_output(tmp_path, capsys):
     results = launch(workers.all_reduce_rank, 3, 2.0, log_dir=tmp_path)
@@ -104,6 +115,7 @@ def test_raising_rank_is_named_not_its_peers(tmp_path):
     assert "closed by peer" not in text and "reset by peer" not in text
     assert err.log_dir == str(tmp_path) and str(tmp_path) in text
     assert "exploded" in (tmp_path / "rank1.log").read_text()
+    assert not (tmp_path / LOCK_NAME).exists()  # the log_dir is free again after a failure
 
 
 @pytest.mark.parametrize("how, expected", [("sigkill", "rank 1 was killed by signal SIGKILL"),
@@ -132,12 +144,16 @@ def test_hung_rank_times_out(tmp_path):
     assert "sleep_forever" in text  # the stuck rank's Python stack, dumped when it was stopped
 
 
-@pytest.mark.slow
 def test_rank_stuck_outside_collectives_times_out(tmp_path):
+    """Rank 1 sleeps (uses no CPU) after rank 0 returned: blocked, stopped after `timeout`."""
     start = time.monotonic()
-    with pytest.raises(LaunchTimeoutError, match="rank 1 still running"):
+    with pytest.raises(LaunchTimeoutError) as info:
         launch(workers.straggle, 2, timeout=2, log_dir=tmp_path)
     assert time.monotonic() - start < 2 + 10
+    text = str(info.value)
+    assert text.startswith("rank 1 used no CPU for 2 s after rank 0 returned: it is blocked waiting "
+                           "for something that will not come"), text
+    assert "in sleep_forever" in text  # its Python stack, dumped when it was stopped
 
 
 def test_keyboard_interrupt_stops_ranks(tmp_path):
@@ -150,6 +166,7 @@ def test_keyboard_interrupt_stops_ranks(tmp_path):
     finally:
         timer.cancel()
     assert time.monotonic() - start < 10
+    assert not (tmp_path / LOCK_NAME).exists()
 
 
 def test_ranks_die_when_the_caller_is_killed(tmp_path):
@@ -204,6 +221,50 @@ def test_nccl_without_enough_gpus():
 def test_bad_backend_or_timeout(kwargs, match):
     with pytest.raises(ValueError, match=match):
         launch(workers.all_reduce_rank, 2, **kwargs)
+
+
+TIMEOUT_RANGE = r"timeout must be a positive number of seconds, from 1 to 604800 \(one week\).*Got "
+DEADLINE = r"deadline must be None \(no limit\) or a finite number of seconds > 0 .*got "
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"timeout": float("inf")}, TIMEOUT_RANGE + "inf"),
+    ({"timeout": float("nan")}, TIMEOUT_RANGE + "nan"),
+    ({"timeout": 1e-9}, TIMEOUT_RANGE + "1e-09"),
+    ({"timeout": 0.5}, TIMEOUT_RANGE + "0.5"),
+    ({"timeout": 1e10}, TIMEOUT_RANGE + "10000000000.0"),
+    ({"deadline": 0}, DEADLINE + "0"),
+    ({"deadline": -5}, DEADLINE + "-5"),
+    ({"deadline": float("inf")}, DEADLINE + "inf"),
+    ({"deadline": float("nan")}, DEADLINE + "nan"),
+    ({"deadline": "60"}, DEADLINE + "'60'"),
+    ({"deadline": True}, DEADLINE + "True"),
+    ({"world_size": 2**40},
+     r"world_size must be at most 512 \(every rank is a process on this machine\), got 1099511627776"),
+    ({"world_size": 10**6}, r"world_size must be at most 512 .*got 1000000"),
+    ({"world_size": 513}, r"world_size must be at most 512 .*got 513"),
+    ({"log_dir": __file__}, r"log_dir .*test_launch.py is a file, not a folder"),
+    ({"env": ["A=1"]}, r"env must be None or a dict"),
+])
+def test_bad_numbers_fail_before_anything_starts(own_tempdir, no_process_may_start, kwargs, match):
+    """One clear error, in well under a second, and nothing left: no process, no temp folder."""
+    kwargs = dict(kwargs)
+    world_size = kwargs.pop("world_size", 2)
+    start = time.monotonic()
+    with pytest.raises((ValueError, TypeError), match=match):
+        launch(workers.all_reduce_rank, world_size, **kwargs)
+    assert time.monotonic() - start < 1.0
+    assert os.listdir(own_tempdir) == []
+
+
+def test_temp_folder_removed_when_launch_fails_before_any_rank_starts(own_tempdir, monkeypatch):
+    """Whatever goes wrong between making the temp folder and starting ranks, the folder goes."""
+    def broken_store(*args, **kwargs):
+        raise RuntimeError("no store today")
+    monkeypatch.setattr(torch.distributed, "TCPStore", broken_store)
+    with pytest.raises(RuntimeError, match="no store today"):
+        launch(workers.all_reduce_rank, 2)
+    assert os.listdir(own_tempdir) == []
 
 
 def test_unpicklable_fn_or_args():

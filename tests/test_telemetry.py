@@ -106,3 +106,12 @@ def test_mismatched_collectives_fail_fast_with_both_sides_named(tmp_path):
     assert "rank 1 issues all_gather 'blocks.1/forward'" in text
     assert info.value.exc_type.endswith("CollectiveMismatchError")
     assert elapsed < 10, f"took {elapsed:.1f} s"
+
+
+def test_a_monitor_gets_every_event_even_when_it_never_polled():
+    """The last events are read before the launch folder is removed (a slow caller, say)."""
+    log = EventLog()
+    log.poll_seconds = 1e12  # never reads while the job runs: only at the end
+    launch(train_gpt, 2, "ddp", 2, "tiny", 4, monitor=log)
+    assert sorted(e["rank"] for e in log.events if e["type"] == "end") == [0, 1]
+    assert len([e for e in log.events if e["type"] == "step"]) == 4

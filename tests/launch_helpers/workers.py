@@ -64,3 +64,56 @@ def record_pid_and_sleep(rank, world_size, pid_dir):
     os.replace(os.path.join(pid_dir, f"{rank}.pid.tmp"), os.path.join(pid_dir, f"{rank}.pid"))
     sleep_forever(rank, world_size)
 
+
+def busy_after_peers(rank, world_size, seconds):
+    """Rank 0 returns at once; the others keep computing (using CPU) for `seconds`, then return."""
+    if rank == 0:
+        return 0
+    until, spins = time.monotonic() + seconds, 0
+    while time.monotonic() < until:
+        spins += 1
+    return spins
+
+
+def busy_forever(rank, world_size):
+    """Every rank computes forever: only a deadline ends this."""
+    spins = 0
+    while True:
+        spins += 1
+
+
+def ignore_sigterm_and_sleep(rank, world_size, ready_dir):
+    """Ignore SIGTERM (as some training loops do, to checkpoint), say so in ready_dir, sleep."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    path = os.path.join(ready_dir, f"{rank}.ready")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+    sleep_forever(rank, world_size)
+
+
+def raise_timed_out_on(rank, world_size, bad_rank):
+    """bad_rank raises its own error whose text says "timed out"; the others wait in a collective."""
+    if rank == bad_rank:
+        time.sleep(0.3)
+        raise RuntimeError("request timed out")
+    dist.all_reduce(torch.ones(2))
+
+
+def one_extra_all_reduce_on(rank, world_size, extra_rank):
+    """extra_rank issues one all_reduce more than its peers, which have returned by then."""
+    dist.all_reduce(torch.ones(2))
+    if rank == extra_rank:
+        dist.all_reduce(torch.ones(2))  # the extra one
+    return rank
+
+
+def huge_line_then_raise(rank, world_size, line_bytes, message_bytes):
+    """Print one enormous line, then raise an exception with an enormous message."""
+    print("x" * line_bytes, flush=True)
+    raise ValueError("y" * message_bytes)
+
+
+def sleep_then_return(rank, world_size, seconds):
+    time.sleep(seconds)
+    return rank

@@ -1,0 +1,88 @@
+"""FSDP seen whole: every parameter gathered for reading (``summon_full_params``) or saving
+(``full_state_dict``), and the sizes the formulas of :mod:`fsdp_mini.theory` need.
+
+A mixin of :class:`fsdp_mini.fsdp.FSDP`, kept apart so that ``fsdp.py`` holds the training step
+alone. Everything here is collective: every rank must call it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from .comm import Tag
+from .theory import UnitSize, fsdp_sent_bytes
+
+
+class WholeView:
+    """Needs ``self.units``, ``self.groups()``, ``self.comm``, ``self.module`` and
+    ``self.state_dict_keys`` (FSDP has them)."""
+
+    @contextmanager
+    def summon(self, writeback: bool):
+        """Every unit gathered, its module attributes the whole (detached) tensors."""
+        busy = [u.name for u in self.units
+                if u.state.value in ("forward", "backward")]
+        if busy:
+            raise RuntimeError(f"summon_full_params inside the forward or backward of unit(s) "
+                               f"{busy}; call it between training steps")
+        was_gathered = {id(g): g.is_gathered for g in self.groups()}
+        before = [dict(o._parameters) for u in self.units for o in _owners(u)]
+        for group in self.groups():
+            group.unshard("summon", force=True)
+            group.point_modules_at(group.layout.views(group.gathered().detach()))
+        try:
+            yield
+            if writeback:
+                with torch.no_grad():
+                    for group in self.groups():
+                        start, end = group.layout.shard_range(self.comm.rank)
+                        group.shard.copy_(group.gathered()[start:end])
+        finally:
+            for group in self.groups():
+                if not was_gathered[id(group)]:
+                    group.reshard()
+            for owner, params in zip([o for u in self.units for o in _owners(u)], before):
+                owner._parameters.update(params)
+
+    def full_state_dict(self) -> "OrderedDict[str, torch.Tensor]":
+        """Every parameter gathered, under its original name; collective: all ranks call it."""
+        tensors: dict[str, torch.Tensor] = {}
+        for group in self.groups():
+            full = torch.empty(group.layout.padded_numel, dtype=group.shard.dtype,
+                               device=group.shard.device)
+            self.comm.all_gather(full, group.shard, label=Tag(group.label, "state_dict"))
+            for slot, view in zip(group.layout.slots, group.layout.views(full)):
+                value = view.clone()
+                for name in slot.names:
+                    tensors[name] = value
+        for name, buf in self.module.named_buffers():
+            tensors[name] = buf.detach().clone()
+        return OrderedDict((k, tensors[k]) for k in self.state_dict_keys)
+
+    def numel(self) -> tuple[int, int]:
+        slots = [s for g in self.groups() for s in g.layout.slots]
+        return (sum(s.numel for s in slots if s.requires_grad),
+                sum(s.numel for s in slots if not s.requires_grad))
+
+    def padded_numel(self) -> int:
+        return sum(g.layout.padded_numel for g in self.groups() if g.trainable)
+
+    def padded_frozen_numel(self) -> int:
+        return sum(g.layout.padded_numel for g in self.groups() if not g.trainable)
+
+    def sent_bytes_per_step(self) -> float:
+        sizes = [UnitSize(trainable=sum(g.layout.padded_numel for g in u.groups if g.trainable),
+                          frozen=sum(g.layout.padded_numel for g in u.groups if not g.trainable),
+                          gathered_in_backward=u.reshard_after_forward and u is not self.root)
+                 for u in self.units]
+        return fsdp_sent_bytes(sizes, self.comm.world_size, self.element_size())
+
+
+
+def _owners(unit) -> list[nn.Module]:
+    return list({id(m): m for g in unit.groups for s in g.layout.slots
+                 for m, _ in s.owners}.values())
