@@ -337,8 +337,8 @@ def test_demo_notebook_runs_live_in_jupyterlab(tmp_path):
     assert not lab.ours(), [cmdline(p) for p in lab.ours()]
     commands = [cmd for _, cmd in lab.seen.values()]
     assert any("ipykernel" in cmd for cmd in commands), commands  # the bookkeeping saw them
-    assert any("fsdp_mini._rank_entry" in cmd for cmd in commands), commands
-    # like `pgrep -f fsdp_mini._rank_entry`, but only ours: other test runs may share the machine
-    assert not {p for p in processes_matching("fsdp_mini._rank_entry") if p in lab.seen}
+    assert any("fsdp_mini.launcher.rank_entry" in cmd for cmd in commands), commands
+    # like `pgrep -f fsdp_mini.launcher.rank_entry`, but only ours: other test runs may share the machine
+    assert not {p for p in processes_matching("fsdp_mini.launcher.rank_entry") if p in lab.seen}
     assert _wait_until(lambda: children(os.getpid()) <= children_before, 5), \
         [cmdline(p) for p in children(os.getpid()) - children_before]

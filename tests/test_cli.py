@@ -13,7 +13,7 @@ import torch
 
 def _run(*args, timeout=240):
     exe = shutil.which("fsdp-mini", path=os.path.dirname(sys.executable))
-    cmd = [exe] if exe else [sys.executable, "-m", "fsdp_mini.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "fsdp_mini.jobs.cli"]
     return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout)
 
 
@@ -74,7 +74,7 @@ def test_bad_arguments_are_explained():
 def _main_in_process(args, monkeypatch, capsys):
     """Run `fsdp-mini compare ARGS` in this process, failing if it ever calls launch."""
     import fsdp_mini.launcher
-    from fsdp_mini.cli import main
+    from fsdp_mini.jobs.cli import main
 
     def no_launch(*a, **k):
         raise AssertionError("launch was called: the bad input was not caught before any rank")
@@ -151,7 +151,7 @@ def test_bad_argument_from_the_shell_is_one_line_with_exit_status_2():
 
 
 def test_compare_config_checks_strategies_for_the_python_api_too():
-    from fsdp_mini.compare import CompareConfig
+    from fsdp_mini.jobs.compare import CompareConfig
     with pytest.raises(ValueError, match=r"strategies must name at least one"):
         CompareConfig(strategies=())
     with pytest.raises(ValueError, match=r"strategies name \['fsdp'\] more than once"):

@@ -24,7 +24,7 @@ REPO_DIR = os.path.dirname(TESTS_DIR)
 sys.path.insert(0, TESTS_DIR)
 from launch_helpers import workers  # noqa: E402  (importable, so pickled by reference)
 
-LOCK_NAME = ".launch.lock"  # the file that marks a log_dir in use (fsdp_mini.launch_files)
+LOCK_NAME = ".launch.lock"  # the file that marks a log_dir in use (fsdp_mini.launcher.files)
 
 
 # ---------------------------------------------------------------- no process left behind
@@ -88,7 +88,7 @@ def test_results_by_rank_with_tensors_and_output(tmp_path, capsys):
     assert "rank 1" not in out and "rank 2" not in out
     log1 = (tmp_path / "rank1.log").read_text()
     assert "hello from rank 1" in log1 and "fd-level stderr of rank 1" in log1
-    assert "Warning" not in log1, log1  # e.g. runpy: fsdp_mini._rank_entry imported twice
+    assert "Warning" not in log1, log1  # e.g. runpy: fsdp_mini.launcher.rank_entry imported twice
     assert "hello from rank 0" in (tmp_path / "rank0.log").read_text()
     assert not list(tmp_path.glob("*.result"))  # logs kept, results removed
 

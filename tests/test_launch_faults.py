@@ -93,7 +93,7 @@ def _error(message, frames, type_="RuntimeError"):
 
 
 def test_consequences_are_told_by_origin_not_by_words():
-    from fsdp_mini.launch_failures import is_secondary
+    from fsdp_mini.launcher.failures import is_secondary
     user = ("/home/me/lab.py", 7, "train")
     in_torch = (os.path.join(TORCH_DIST, "distributed_c10d.py"), 3252, "all_reduce")
     gloo = "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms"
@@ -121,7 +121,7 @@ def test_rank_returning_while_a_peer_is_in_a_collective(tmp_path):
 
 
 def test_collective_site_names_the_collective_the_api_and_the_users_line():
-    from fsdp_mini.launch_failures import collective_site
+    from fsdp_mini.launcher.failures import collective_site
     package = os.path.dirname(os.path.abspath(sys.modules["fsdp_mini"].__file__))
     frames = [("/home/me/lab.py", 12, "train"),
               (os.path.join(package, "api.py"), 50, "full_state_dict"),
@@ -135,7 +135,7 @@ def test_collective_site_names_the_collective_the_api_and_the_users_line():
 
 def test_rank_blocked_in_a_collective_after_its_peers_returned_is_explained(tmp_path):
     """As under NCCL: the rank does not fail, it waits; its stack dump shows the collective."""
-    from fsdp_mini.launch_failures import failure_error
+    from fsdp_mini.launcher.failures import failure_error
     (tmp_path / "rank1.log").write_text(
         "Current thread 0x00007f00 (most recent call first):\n"
         f'  File "{os.path.join(TORCH_DIST, "distributed_c10d.py")}", line 3252 in barrier\n'

@@ -12,11 +12,11 @@ from functools import partial
 
 import torch
 
-from .api import parallelize
-from .launcher import rank_device
-from .models import GPTConfig, SyntheticText, make_model
-from .telemetry import Recorder
-from .training import train
+from ..api import parallelize
+from ..launcher import rank_device
+from ..models import GPTConfig, SyntheticText, make_model
+from ..telemetry import Recorder
+from ..training import train
 
 
 def train_gpt(rank: int, world_size: int, strategy: str = "fsdp", steps: int = 5,

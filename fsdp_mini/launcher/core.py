@@ -1,20 +1,4 @@
-"""Run a function on N ranks from a notebook or a script, and get its return values back.
-
-`launch(fn, world_size, *args)` starts `world_size` fresh Python processes (not `fork`, which breaks
-once CUDA was touched, and not `multiprocessing`, whose spawn leaves a resource tracker behind), ships
-`fn` and `args` to them *by value* with cloudpickle (so functions written in a notebook cell work),
-initialises `torch.distributed` in each, runs `fn(rank, world_size, *args)` and collects the return
-values from files written with `torch.save` (tensors survive; shared-memory queues do not outlive the
-rank). Each rank's output goes to `rank{r}.log`; rank 0's log is echoed to the caller's stdout.
-
-When a rank fails, the caller stops the others and raises `LaunchError` naming the rank that failed
-*first*: peers that merely lost their partner ("Connection closed by peer") are consequences, not
-causes. Ranks stopped for taking too long raise `LaunchTimeoutError`, which says which rule fired.
-
-Helpers: launch_inputs (argument checks, pickling), launch_files (the launch folder and its lock),
-launch_procs (start, watch, stop), launch_failures and launch_text (the error). The same training
-function runs under torchrun through `run_with_torchrun`.
-"""
+"""``launch`` itself, and ``run_with_torchrun``: see :mod:`fsdp_mini.launcher`."""
 import os
 import sys
 import time
@@ -24,15 +8,15 @@ from typing import NamedTuple, Optional
 import torch
 import torch.distributed as dist
 
-from .launch_failures import LaunchError, LaunchTimeoutError, failure_error, outcome, rank_file
-from .launch_files import LaunchDir
-from .launch_inputs import check_env, check_launch_args, check_log_dir, check_timeout, pickle_payload
-from .launch_procs import start_ranks, stop_ranks, watch_ranks
+from .failures import LaunchError, LaunchTimeoutError, failure_error, outcome, rank_file
+from .files import LaunchDir
+from .inputs import check_env, check_launch_args, check_log_dir, check_timeout, pickle_payload
+from .procs import start_ranks, stop_ranks, watch_ranks
 
 __all__ = ["launch", "rank_device", "run_with_torchrun", "LaunchError", "LaunchTimeoutError"]
 
 
-# ---------------------------------------------------------------- shared with the ranks (_rank_entry)
+# ---------------------------------------------------------------- shared with the ranks (rank_entry)
 def init_group(backend, rank, world_size, local_rank, timeout, store=None):
     """Initialise the default process group (in the ranks of `launch` and in torchrun scripts)."""
     if backend == "nccl":

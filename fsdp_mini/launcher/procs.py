@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from .launch_failures import rank_file
+from .failures import rank_file
 
 POLL_S = 0.05          # how often the caller looks at its ranks
 CPU_POLL_S = 0.25      # how often it reads their CPU time, once a rank returned
@@ -48,7 +48,7 @@ def start_ranks(procs, launch_dir, world_size, port, extra_env):
             # Note: the log is the rank's fd 1 and 2, so C/C++ output (gloo, NCCL) lands there too.
             # A new session keeps a terminal Ctrl-C away from the ranks: the caller stops them.
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "fsdp_mini._rank_entry", launch_dir, str(rank)],
+                [sys.executable, "-m", "fsdp_mini.launcher.rank_entry", launch_dir, str(rank)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(),
                 env=_rank_env(rank, world_size, port, extra_env), start_new_session=True))
 

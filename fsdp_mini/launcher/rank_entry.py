@@ -1,4 +1,4 @@
-"""One rank started by `fsdp_mini.launch`: `python -m fsdp_mini._rank_entry LAUNCH_DIR RANK`.
+"""One rank started by `fsdp_mini.launch`: `python -m fsdp_mini.launcher.rank_entry LAUNCH_DIR RANK`.
 
 The caller has written `config.json` and `payload.pkl` (cloudpickled fn and args) into LAUNCH_DIR and
 pointed this process's stdout/stderr at `rank{RANK}.log`. This rank writes back either
@@ -89,8 +89,9 @@ def main(launch_dir, rank):
     import torch.distributed as dist
 
     # Note: imported here, not at the top: fsdp_mini.launcher must never import this module, or
-    # `python -m fsdp_mini._rank_entry` would find it imported twice (runpy warns about that).
-    from fsdp_mini.launcher import init_group, rank_file
+    # `python -m fsdp_mini.launcher.rank_entry` would find it imported twice (runpy warns about that).
+    from fsdp_mini.launcher.core import init_group
+    from fsdp_mini.launcher.failures import rank_file
 
     torch.set_num_threads(1)  # ranks share the machine's cores; more threads only oversubscribe
     try:

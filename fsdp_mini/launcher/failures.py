@@ -11,7 +11,7 @@ import os
 import re
 import signal
 
-from .launch_text import clip, clip_lines, log_tail, stack_dump
+from .text import clip, clip_lines, log_tail, stack_dump
 
 _SECONDARY_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistError")
 _PEER_LOST = re.compile(r"closed by peer|reset by peer|broken pipe|connection refused|connection reset"
@@ -20,7 +20,8 @@ _TIMED_OUT = re.compile(r"timed out|timeout", re.I)
 # gloo and c10d errors start with their C++ source location, e.g. "[.../gloo/transport/tcp/pair.cc:553]"
 _CPP_ORIGIN = re.compile(r"\[[^\]\s]*(gloo|c10d|distributed)[^\]\s]*\.(cc|cpp|h|hpp):\d+\]")
 _TORCH_DIST = os.sep + os.path.join("torch", "distributed") + os.sep
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Note: the whole fsdp_mini package (this file is in fsdp_mini/launcher/), not the user's code
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 MESSAGE_CHARS = 2000
 TRACEBACK_CHARS = 4000
 MORE_STACKS = 4  # ranks besides the blamed one whose Python stack is shown in a deadline error

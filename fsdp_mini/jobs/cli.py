@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from .api import STRATEGIES
+from ..api import STRATEGIES
 
 
 def _default_world_size() -> int:
@@ -77,7 +77,7 @@ def _check_json_path(path: str | None) -> None:
 def _check_args(args):
     """Every check of `compare`'s input, before any rank starts: (world_size, backend, config)."""
     from .compare import CompareConfig
-    from .launch_inputs import MAX_TIMEOUT_S, MAX_WORLD_SIZE, MIN_TIMEOUT_S, check_launch_args
+    from ..launcher.inputs import MAX_TIMEOUT_S, MAX_WORLD_SIZE, MIN_TIMEOUT_S, check_launch_args
 
     world_size = args.world_size if args.world_size is not None else _default_world_size()
     if not 1 <= world_size <= MAX_WORLD_SIZE:
@@ -104,8 +104,8 @@ def _check_args(args):
 
 def compare_command(args) -> int:
     from .compare import compare_on_rank, format_table, gather_report
-    from .launcher import launch
-    from .models import make_model
+    from ..launcher import launch
+    from ..models import make_model
 
     try:
         world_size, backend, config = _check_args(args)

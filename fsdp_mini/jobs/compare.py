@@ -18,12 +18,12 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from .api import STRATEGIES, expected_costs, parallelize
-from .launcher import rank_device
-from .memory import PERSISTENT
-from .models import GPTConfig, SyntheticText, make_model
-from .registry import get_strategy
-from .training import train
+from ..api import STRATEGIES, expected_costs, parallelize
+from ..launcher import rank_device
+from ..memory import PERSISTENT
+from ..models import GPTConfig, SyntheticText, make_model
+from ..registry import get_strategy
+from ..training import train
 
 
 

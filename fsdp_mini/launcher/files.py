@@ -11,7 +11,7 @@ import re
 import shutil
 import tempfile
 
-from .launch_failures import rank_file
+from .failures import rank_file
 
 LOCK_NAME = ".launch.lock"
 _EARLIER_FILES = re.compile(r"rank\d+\.(log|result|error)(\.tmp)?|payload\.pkl|config\.json")

@@ -1,0 +1,12 @@
+"""Training jobs, ready to run: what the demo, the labs and ``fsdp-mini compare`` launch.
+
+    fsdp_mini.launch(train_gpt, 4, "fsdp", monitor=Dashboard())   # one strategy, watched live
+    fsdp-mini compare --world-size 4                             # every strategy, one table
+
+Files: gpt (``train_gpt``, ``train_strategies``), compare (the main job, run on every rank),
+cli (the ``fsdp-mini`` command).
+"""
+
+from .gpt import train_gpt, train_strategies
+
+__all__ = ["train_gpt", "train_strategies"]
