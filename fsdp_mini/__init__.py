@@ -1,22 +1,34 @@
 """fsdp_mini: Fully Sharded Data Parallel built from scratch, small enough to read in one sitting.
 
-Layers, each importing only the ones above it in this list:
-    comm      collectives + a ledger of the bytes each rank sends
-    memory    live tensor bytes per rank, by category (track_memory)
-    flat      many parameters in one padded flat buffer
-    ddp, zero, fsdp   the strategies; api.parallelize picks one
-    launcher  launch(fn, N): run a function on N processes (gloo on CPU, NCCL on GPUs)
+The algorithm sits at the top of the package, in layers; each imports only the layers above it:
+
+    comm, comm_check, ledger     collectives, the debug check that ranks agree, the bytes they send
+    memory                       memory categories; track_memory (live tensor bytes per rank)
+    flat, absent, buckets        flat padded buffers cut into pieces; "no gradient" marks; buckets
+    strategy                     what every strategy offers (the interface), and Single
+    ddp, zero, fsdp (+ fsdp_units, fsdp_whole)   the strategies, never importing one another
+    registry, clip, wrap         strategies by name; global-norm clipping; the parallel classes
+    api, theory, training        parallelize & co; the ZeRO formulas; the one training loop
+
+The plumbing lives in folders and imports from the algorithm, never the other way round:
+
+    launcher/    launch(fn, N): run a function on N processes (gloo on CPU, NCCL on GPUs)
+    telemetry/   events from the ranks (Recorder) and their totals (RunState), for watchers
+    widgets/     the live dashboard and comparison; plots.py: the same figures, static
+    jobs/        ready-made training jobs and the ``fsdp-mini`` command
+    models.py    the small GPT and its synthetic data
 """
 
 from .api import STRATEGIES, expected_costs, full_state_dict, parallelize, summon_full_params
-from .clip import clip_grad_norm_
+from .clip import GradientsChangedError, clip_grad_norm_
 from .comm import Comm, Ledger, Tag
+from .memory import CATEGORIES, allocating, track_memory
 from .registry import register_strategy
 from .strategy import Strategy
-from .memory import CATEGORIES, allocating, track_memory
 
 from .launcher import LaunchError, LaunchTimeoutError, launch, rank_device, run_with_torchrun
 
-__all__ = ["STRATEGIES", "CATEGORIES", "Comm", "LaunchError", "LaunchTimeoutError", "Ledger",
-           "Strategy", "Tag", "allocating", "clip_grad_norm_", "expected_costs", "full_state_dict", "launch", "parallelize", "rank_device",
+__all__ = ["STRATEGIES", "CATEGORIES", "Comm", "GradientsChangedError", "LaunchError",
+           "LaunchTimeoutError", "Ledger", "Strategy", "Tag", "allocating", "clip_grad_norm_",
+           "expected_costs", "full_state_dict", "launch", "parallelize", "rank_device",
            "register_strategy", "run_with_torchrun", "summon_full_params", "track_memory"]

@@ -13,6 +13,13 @@ Example, N = 2, gradient [3 0 | 0 4] sharded as rank0 [3 0], rank1 [0 4]::
 
 Each element is counted once: shards are disjoint, padding is not in any piece, tied weights are
 one parameter. The all-reduce of one number is written in the ledger like every collective.
+
+The usual mistake is ``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)``. Under zero1
+``model.parameters()`` hold each rank's own, not yet averaged gradients; under fsdp they are this
+rank's shards; either way the norm torch computes is one rank's, so every rank clips by a
+different factor (or not at all). Those strategies remember the version counters of the
+gradients they hand over (:class:`GradWatch`) and check them at the step: a change raises
+:class:`GradientsChangedError` instead of giving a wrong number.
 """
 
 from __future__ import annotations
@@ -54,3 +61,29 @@ def clip_grad_norm_(model: torch.nn.Module, max_norm: float, norm_type: float = 
             g.mul_(coef.to(g.dtype))
     engine.after_clip()
     return total
+
+
+# -- the mistake the kit can see: torch's clip on gradients that are one rank's -------------------
+
+class GradientsChangedError(RuntimeError):
+    """Gradients were modified in place after backward where the kit cannot make that right."""
+
+
+class GradWatch:
+    def __init__(self, strategy: str, what: str):
+        self.strategy, self.what = strategy, what
+        self._seen: list[tuple[torch.Tensor, int]] = []
+
+    def remember(self, tensors) -> None:
+        """These gradients are as the kit left them."""
+        self._seen = [(t, t._version) for t in tensors if t is not None]
+
+    def check(self) -> None:
+        if any(t._version != version for t, version in self._seen):
+            raise GradientsChangedError(
+                f"{self.strategy}: gradients were changed in place after backward(), before "
+                f"optimizer.step(): usually torch.nn.utils.clip_grad_norm_(model.parameters(), "
+                f"...). Under {self.strategy} they are {self.what}, so a norm computed from them "
+                f"is this rank's alone and each rank would clip differently. Use "
+                f"fsdp_mini.clip_grad_norm_(model, max_norm), which computes the norm over every "
+                f"rank. To scale gradients, scale the loss before backward() instead.")

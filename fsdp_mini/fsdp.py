@@ -42,7 +42,7 @@ from torch.utils._pytree import tree_leaves
 from .comm import Comm, Reduction, Tag, broadcast_module_states
 from .flat import FlatLayout, ParamSlot, ShardPieces
 from .fsdp_units import assign_slots, check_units
-from .grad_watch import GradWatch
+from .clip import GradWatch
 from .memory import allocating
 from .fsdp_whole import WholeView
 from .strategy import Strategy

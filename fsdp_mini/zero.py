@@ -30,7 +30,7 @@ from .absent import mark_absent, present_values
 from .buckets import BucketScheduler, check_no_new_trainables, grad_ready_order, split_into_buckets
 from .comm import Comm, Reduction, broadcast_module_states
 from .flat import FlatLayout, ParamSlot, ShardPieces
-from .grad_watch import GradWatch
+from .clip import GradWatch
 from .memory import allocating
 from .strategy import Strategy
 from .theory import zero_sent_bytes
