@@ -146,8 +146,10 @@ class ShardPieces:
                 if gone:
                     skip.add(i)
         for i, (piece, (lo, hi)) in enumerate(zip(self.params, self.ranges)):
-            if i in skip or hi == lo or not piece.requires_grad:
+            if i in skip or not piece.requires_grad:
                 continue  # Note: frozen since parallelize (requires_grad_(False)): no gradient
+            if hi == lo and i in absent_here:
+                continue  # an empty piece cannot tell whether another rank had a gradient
             g = grad_shard[lo:hi]
             if piece.grad is None:
                 piece.grad = g

@@ -39,12 +39,12 @@ from torch import nn
 from torch.autograd import Variable
 from torch.utils._pytree import tree_leaves
 
+from .clip import GradWatch
 from .comm import Comm, Reduction, Tag, broadcast_module_states
 from .flat import FlatLayout, ParamSlot, ShardPieces
 from .fsdp_units import assign_slots, check_units
-from .clip import GradWatch
-from .memory import allocating
 from .fsdp_whole import WholeView
+from .memory import allocating
 from .strategy import Strategy
 
 
