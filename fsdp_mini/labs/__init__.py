@@ -1,0 +1,24 @@
+"""What the labs use: one configuration cell, exercises with hidden solutions, and checkers that
+say in plain words what is right and what is wrong.
+
+    from fsdp_mini import labs
+    cfg = labs.lab_config()                      # sizes for this machine (CI, laptop, GPU box)
+
+    @labs.exercise("02_ring_all_reduce")         # CI runs the reference solution instead
+    def ring_all_reduce(tensor, rank, world_size): ...
+
+    labs.check_ring_all_reduce(ring_all_reduce)  # ✔/✘ lines, on several ranks
+
+Each lab's checkers live in ``lab01.py`` ... ``lab05.py``; the interactive multi-rank mode (ranks
+that stay alive across cells, ``%%px``) in ``interactive.py``.
+"""
+
+from .config import LabConfig, in_ci, lab_config
+from .exercise import exercise, load_solution, not_written_yet, show_solution
+from .report import CheckFailed, CheckResult
+from .lab01 import *  # noqa: F401,F403
+from .lab02 import *  # noqa: F401,F403
+from .lab03 import *  # noqa: F401,F403
+from .lab04 import *  # noqa: F401,F403
+from .lab05 import *  # noqa: F401,F403
+from .interactive import *  # noqa: F401,F403

@@ -1,0 +1,84 @@
+"""Exercises: the learner writes a function; the kit checks it; solutions stay out of sight.
+
+An exercise cell in a lab looks like this::
+
+    @labs.exercise("03_average_gradients")
+    def average_gradients(param, comm):
+        ...                                   # your code
+
+    labs.check_average_gradients(average_gradients)
+
+``@labs.exercise(name)`` leaves your function as it is, except when the notebook runs in the kit's
+CI (``CI=true``) or with ``FSDP_MINI_SOLUTIONS=1``: then the reference solution from
+``labs/solutions/<name>.py`` takes its place, so CI runs every lab with working code. To see a
+solution: ``labs.show_solution(name)``, or ``%load solutions/<name>.py`` in a cell.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .config import in_ci
+
+_REPO_SOLUTIONS = Path(__file__).resolve().parents[2] / "labs" / "solutions"
+
+
+def solutions_dir() -> Path:
+    """``labs/solutions`` next to the notebook, or in the kit's repository."""
+    here = Path.cwd() / "solutions"
+    return here if here.is_dir() else _REPO_SOLUTIONS
+
+
+def solution_path(name: str) -> Path:
+    path = solutions_dir() / f"{name}.py"
+    if not path.is_file():
+        known = sorted(p.stem for p in solutions_dir().glob("*.py"))
+        raise ValueError(f"no solution named {name!r} in {solutions_dir()}; known: {known}")
+    return path
+
+
+def load_solution(name: str, attribute: str):
+    """The object called ``attribute`` defined by ``labs/solutions/<name>.py``."""
+    namespace = {"__name__": f"solution_{name}"}
+    path = solution_path(name)
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    if attribute not in namespace:
+        raise ValueError(f"{path} defines no {attribute!r}")
+    return namespace[attribute]
+
+
+def show_solution(name: str) -> None:
+    """Print the reference solution of exercise ``name``."""
+    path = solution_path(name)
+    print(f"# {path}\n{path.read_text()}")
+
+
+def use_solutions() -> bool:
+    return in_ci() or os.environ.get("FSDP_MINI_SOLUTIONS") == "1"
+
+
+def exercise(name: str):
+    """Mark the learner's function (or class) as exercise ``name`` (see the module docstring)."""
+    def mark(obj):
+        if use_solutions():
+            obj = load_solution(name, obj.__name__)
+        try:
+            obj.exercise = name
+        except (AttributeError, TypeError):
+            pass
+        return obj
+    return mark
+
+
+def not_written_yet(obj) -> bool:
+    """True for a stub whose body is only ``...`` or ``pass`` (an exercise not started)."""
+    code = getattr(obj, "__code__", None)
+    return code is not None and code.co_code in _EMPTY_BODIES
+
+
+def _stub(): ...
+def _stub_pass(): pass  # noqa: E704
+
+
+_EMPTY_BODIES = {_stub.__code__.co_code, _stub_pass.__code__.co_code}

@@ -1,0 +1,1 @@
+"""Interactive multi-rank mode for the labs (being written)."""

@@ -1,0 +1,1 @@
+"""Checkers and helpers of lab 04 (being written)."""
