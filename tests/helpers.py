@@ -35,3 +35,15 @@ def assert_states_equal(state: dict, reference: dict, tol: float, what: str) -> 
 def trainable_numel(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values()
                if p.requires_grad)
+
+
+def notebook_kernel(tmp_path, monkeypatch) -> str:
+    """A kernelspec for this very interpreter, under a name no other installation can shadow;
+    returns its name (for nbclient.NotebookClient(kernel_name=...))."""
+    import os
+
+    from ipykernel import kernelspec
+    name = f"fsdp-mini-test-{os.getpid()}"
+    kernelspec.install(kernel_name=name, prefix=str(tmp_path / "jupyter"))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter" / "share" / "jupyter"))
+    return name

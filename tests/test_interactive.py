@@ -4,13 +4,13 @@ no process left behind, also when the kernel is killed before the notebook stops
 import json
 import os
 import signal
-import sys
 import time
 
 import pytest
 import torch
 
 from fsdp_mini import labs
+from helpers import notebook_kernel
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,10 +60,7 @@ CELLS = [
 def test_px_cells_in_a_notebook_and_a_killed_kernel_leaves_no_process(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    ipykernel_spec = pytest.importorskip("ipykernel.kernelspec")
-    name = f"fsdp-mini-interactive-{os.getpid()}"
-    ipykernel_spec.install(kernel_name=name, prefix=str(tmp_path / "jupyter"))
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter" / "share" / "jupyter"))
+    name = notebook_kernel(tmp_path, monkeypatch)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     client = nbclient.NotebookClient(nb, kernel_name=name, timeout=120,
                                      resources={"metadata": {"path": str(tmp_path)}})

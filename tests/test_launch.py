@@ -23,6 +23,7 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(TESTS_DIR)
 sys.path.insert(0, TESTS_DIR)
 from launch_helpers import workers  # noqa: E402  (importable, so pickled by reference)
+from helpers import notebook_kernel  # noqa: E402
 
 LOCK_NAME = ".launch.lock"  # the file that marks a log_dir in use (fsdp_mini.launcher.files)
 
@@ -333,11 +334,7 @@ print("LaunchError seen")
 def test_function_defined_in_a_notebook(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    ipykernel_spec = pytest.importorskip("ipykernel.kernelspec")
-    # A kernelspec for this very interpreter, under a name no other installation can shadow.
-    name = f"fsdp-mini-test-{os.getpid()}"
-    ipykernel_spec.install(kernel_name=name, prefix=str(tmp_path / "jupyter"))
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter" / "share" / "jupyter"))
+    name = notebook_kernel(tmp_path, monkeypatch)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS])
     nbclient.NotebookClient(nb, kernel_name=name, timeout=120,
                             resources={"metadata": {"path": str(tmp_path)}}).execute()

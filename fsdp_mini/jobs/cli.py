@@ -2,6 +2,7 @@
 
     fsdp-mini compare --world-size 4            # every strategy, one table
     fsdp-mini compare --json results.json       # and the figures as JSON (format in README)
+    fsdp-mini render-labs --out build/labs      # executed HTML copies of the labs
 
 Bad arguments are reported in one line on stderr with exit status 2, before any rank starts.
 """
@@ -42,7 +43,21 @@ def _parser() -> argparse.ArgumentParser:
                      help="default: nccl with one GPU per rank if there are enough, else gloo")
     cmp.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may hang")
     cmp.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
+    ren = sub.add_parser("render-labs", help="run the labs and write executed HTML copies")
+    ren.add_argument("--out", default="build/labs", help="folder for the HTML files")
+    ren.add_argument("--ci", action="store_true", help="run at CI size (quick, small model)")
+    ren.add_argument("labs", nargs="*", help="only these labs, by number or name (e.g. 03)")
     return parser
+
+
+def render_command(args) -> int:
+    from ..labs.render import render_labs
+    try:
+        render_labs(args.out, args.labs, ci=args.ci)
+    except ValueError as err:
+        print(f"fsdp-mini render-labs: error: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _error(message: str) -> int:
@@ -133,6 +148,8 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "compare":
         return compare_command(args)
+    if args.command == "render-labs":
+        return render_command(args)
     return 2
 
 
