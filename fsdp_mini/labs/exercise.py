@@ -74,11 +74,19 @@ def exercise(name: str):
 def not_written_yet(obj) -> bool:
     """True for a stub whose body is only ``...`` or ``pass`` (an exercise not started)."""
     code = getattr(obj, "__code__", None)
-    return code is not None and code.co_code in _EMPTY_BODIES
+    # Note: the bytecode of "return a constant" is the same whatever the constant: a stub is
+    # the one whose only constants are None and its docstring.
+    return (code is not None and code.co_code in _EMPTY_BODIES
+            and set(code.co_consts) <= {None, obj.__doc__})
 
 
 def _stub(): ...
 def _stub_pass(): pass  # noqa: E704
+def _stub_doc():
+    """A docstring only."""
+def _stub_doc_dots():
+    """A docstring, then ``...``."""
+    ...
 
 
-_EMPTY_BODIES = {_stub.__code__.co_code, _stub_pass.__code__.co_code}
+_EMPTY_BODIES = {f.__code__.co_code for f in (_stub, _stub_pass, _stub_doc, _stub_doc_dots)}

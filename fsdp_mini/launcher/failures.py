@@ -187,8 +187,9 @@ def _mismatch(returned, waiting, stuck, timeout):
     """Some ranks returned while others still waited in a collective: the collectives differ."""
     first = waiting[0]
     site = collective_site(first["frames"])
-    head = (f"{_ranks(returned)} returned while {_ranks([o['rank'] for o in waiting], ('was', 'were'))} "
-            f"still in a collective{f' ({site})' if site else ''}; every rank must issue the same "
+    still_in = _ranks(sorted(o["rank"] for o in waiting), ("was", "were"))
+    head = (f"{_ranks(sorted(returned))} returned while {still_in} still in a collective"
+            f"{f' ({site})' if site else ''}; every rank must issue the same "
             "collectives in the same order: one rank ran fewer steps, or called a collective "
             "(e.g. full_state_dict) that the others did not")
     if not stuck:
