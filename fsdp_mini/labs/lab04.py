@@ -1,1 +1,401 @@
-"""Checkers and helpers of lab 04 (being written)."""
+"""Lab 04: ZeRO-1 and ZeRO-2 grown from your DDP: the scaffolding, checkers and measurements.
+
+    class MyZero1(labs.ZeroScaffold):        # the flat buffer and the hooks are ready made
+        def my_slice(self): ...              # you write: the slice this rank owns,
+        def reduce_gradients(self, g): ...   # how the gradients are averaged,
+        def after_step(self): ...            # how the updated slices come back together
+    labs.check_zero1(MyZero1)                # ✔/✘ lines: slices, parity, drift, memory, bytes
+
+The checkers (lab 05's use the same helpers) train a small net on 2 ranks with SGD + momentum and
+AdamW, beside one process trained on the whole batch. Note: SGD, because AdamW divides each update
+by the gradient's own size and so hides a gradient that is N times too large.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from functools import partial
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from ..buckets import BucketScheduler
+from ..comm import broadcast_module_states
+from ..flat import FlatLayout, ParamSlot
+from ..launcher import LaunchError, LaunchTimeoutError, launch
+from ..ledger import ring_bytes
+from ..memory import allocating
+from ..registry import register_strategy
+from ..strategy import Strategy
+from .exercise import not_written_yet
+from .report import CheckResult
+
+__all__ = ["ZeroScaffold", "check_zero1", "check_zero2", "measure_strategies"]
+
+OPTIMIZERS = {"SGD+momentum": partial(torch.optim.SGD, lr=0.1, momentum=0.9),
+              "AdamW": partial(torch.optim.AdamW, lr=0.01, weight_decay=0.1)}
+STEPS, GLOBAL_BATCH = 3, 12   # 12 rows split over 1, 2, 3 or 4 ranks
+CHECK_TIMEOUT = 20            # seconds a checker's collective may wait (a skipped one hangs)
+
+
+class ZeroScaffold(Strategy):
+    """What ZeRO-1 and ZeRO-2 share, ready made, so that you write only the ZeRO part.
+
+    ``self.flat``   every trainable parameter end to end in one 1-D buffer, padded with zeros to
+                    a multiple of N (the same on every rank); the module's weights are views of it
+    ``self.shard``  ``nn.Parameter(self.flat[start:stop])`` with ``(start, stop) = my_slice()``:
+                    all the optimizer sees, so its state has Ψ/N elements
+    ``self.comm``   ``all_reduce``, ``reduce_scatter``, ``all_gather``, each in the ledger
+
+    At the end of each backward, ``reduce_gradients(flat_grad)`` gets this rank's own gradients
+    laid out like ``self.flat`` (each ``p.grad`` is moved in there and set to None); the wrapped
+    optimizer calls ``after_step()`` after its update. Example, Ψ = 5, N = 2:
+    ``flat = [a b c d e 0]``, rank 0 owns ``[a b c]``, rank 1 owns ``[d e 0]``.
+    Note: one backward per step (no gradient accumulation), to keep the lab's code short.
+    """
+
+    grad_collective = "all_reduce"  # what reduce_gradients sends, for the formula
+
+    def __init__(self, module: nn.Module, comm, recorder=None):
+        super().__init__(module, comm, recorder)
+        broadcast_module_states(module, comm)
+        self.params = list({id(p): p for p in module.parameters() if p.requires_grad}.values())
+        self.layout = FlatLayout([ParamSlot(p, [], []) for p in self.params], comm.world_size)
+        with torch.no_grad(), allocating("params"):
+            self.flat = self.layout.flatten([p.detach() for p in self.params])
+        for p, view in zip(self.params, self.layout.views(self.flat)):
+            p.data = view  # the module's weights now live inside the flat buffer
+        start, stop = _as_range(self.my_slice())
+        self.shard = nn.Parameter(self.flat[start:stop])
+        self.scheduler = BucketScheduler([self.params], lambda i: None, self._backward_end)
+
+    def _backward_end(self) -> None:
+        with torch.no_grad():
+            with allocating("comm_buffers"):
+                flat_grad = torch.zeros_like(self.flat)
+            for p, view in zip(self.params, self.layout.views(flat_grad)):
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                    p.grad = None
+            self.reduce_gradients(flat_grad)
+        self.mark(self.strategy, "backward_end")
+
+    def my_slice(self):
+        raise NotImplementedError("write my_slice in your subclass")
+
+    def reduce_gradients(self, flat_grad: torch.Tensor) -> None:
+        raise NotImplementedError("write reduce_gradients in your subclass")
+
+    def optimizer_params(self) -> list[nn.Parameter]:
+        return [self.shard]
+
+    def grads_for_norm(self):
+        return [g for g in (self.shard.grad,) if g is not None], True
+
+    def memory_categories(self) -> dict[str, list]:
+        return {"params": [self.flat], "grads": [self.shard.grad] + [p.grad for p in self.params]}
+
+    def padded_numel(self) -> int:
+        return self.layout.padded_numel
+
+    def sent_bytes_per_step(self) -> float:
+        payload, n = self.layout.padded_numel * self.element_size(), self.comm.world_size
+        return ring_bytes(self.grad_collective, payload, n) + ring_bytes("all_gather", payload, n)
+
+
+def _as_range(value) -> tuple[int, int]:
+    try:
+        start, stop = (int(v) for v in value)
+    except (TypeError, ValueError):
+        raise TypeError(f"my_slice must return two integers (start, stop), got {value!r}") from None
+    return start, stop
+
+
+def measure_strategies(rank, world_size, strategies, steps=3, model="tiny", global_batch=4):
+    """Train the GPT under each strategy in turn (names, or your classes: registered here), with
+    AdamW. Per strategy, this rank's ``sent`` bytes and collective ``calls`` in the last step,
+    median step ``seconds``, ``state`` (params + grads + optimizer state after the step, from
+    ``track_memory``) with ``by_category`` and the ``peak`` by category, the ``activations``
+    autograd saves during a forward (``LiveMemory``), ``expected`` (the formulas) and ``losses``.
+    It also writes telemetry, one run per strategy, for a monitor (``Comparison``, ``Dashboard``).
+    """
+    from ..api import expected_costs, parallelize
+    from ..launcher import rank_device
+    from ..memory import PERSISTENT
+    from ..models import GPTConfig, SyntheticText, make_model
+    from ..telemetry import LiveMemory, Recorder
+    from ..training import train
+    device = rank_device()
+    cfg = GPTConfig.tiny() if model == "tiny" else GPTConfig()
+    data = SyntheticText(cfg.vocab_size, cfg.block_size)
+
+    def batches(step):
+        return tuple(t.to(device) for t in data.local_batch(step, global_batch, rank, world_size))
+
+    out = {}
+    for strategy in strategies:
+        if isinstance(strategy, type):
+            strategy = register_strategy(strategy).strategy
+        rec = Recorder.from_env(run=strategy)
+        net = make_model(cfg).to(device)
+        net, opt = parallelize(net, strategy, units=list(net.blocks), recorder=rec,
+                               optimizer=partial(torch.optim.AdamW, lr=1e-3))
+        run = train(net, opt, batches, steps, recorder=rec, track_memory_at=steps - 1)
+        rec.close()
+        ledger = net.fsdp_mini.comm.ledger
+        calls = len(ledger.select(step=ledger.steps()[-1]))  # the last training step's
+        after = next(s.by_category for s in run.memory.snapshots if s.label == "after_step")
+        live = LiveMemory(net, opt)
+        with live:  # Note: one more forward, to read what autograd keeps for backward
+            loss = net(*batches(0))[1]
+            activations = live.sample()[1]["activations"]
+        loss.backward()
+        opt.zero_grad()
+        out[strategy] = {
+            "sent": run.sent_bytes[-1], "calls": calls,
+            "seconds": statistics.median(run.step_seconds[1:-1] or run.step_seconds),
+            "state": sum(after[c] for c in PERSISTENT), "by_category": after,
+            "peak": run.memory.peak_by_category, "activations": activations,
+            "expected": expected_costs(net), "losses": run.losses}
+    return out
+
+
+# -- what the checkers of labs 04 and 05 share ------------------------------------------------------
+
+def unwritten(fn) -> bool:
+    """A stub: missing, or a body of only ``...`` or ``pass`` (a docstring allowed)."""
+    return fn is None or not_written_yet(fn)
+
+
+def missing_methods(cls, names, base) -> list[str]:
+    """The methods ``cls`` still leaves to ``base`` (or to Strategy), or whose body is ``...``."""
+    return [n for n in names if unwritten(getattr(cls, n, None)) or
+            getattr(cls, n) in (getattr(base, n, None), getattr(Strategy, n, None))]
+
+
+def batch(step: int, rank: int = 0, world_size: int = 1):
+    """This rank's rows of the checkers' data: 12 rows of 4 inputs and 3 targets."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x, y = torch.randn(GLOBAL_BATCH, 4, generator=g), torch.randn(GLOBAL_BATCH, 3, generator=g)
+    n = GLOBAL_BATCH // world_size
+    return x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
+
+
+def make_mlp() -> nn.Module:
+    """4 → 7 → 3: 59 parameters, so the flat buffer needs padding at N = 2, 3 and 4."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 7), nn.Tanh(), nn.Linear(7, 3))
+
+
+def train_states(model, optimizer, rank=0, world_size=1, memory=None) -> list[dict]:
+    """Train ``STEPS`` steps on the checkers' data; the whole state after each step."""
+    from ..api import full_state_dict
+    states = []
+    for step in range(STEPS):
+        x, y = batch(step, rank, world_size)
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        if memory is not None and step == STEPS - 1:
+            memory.mark("after_step")
+        optimizer.zero_grad()
+        states.append(full_state_dict(model))
+    return states
+
+
+def reference(make=make_mlp) -> dict[str, list[dict]]:
+    """One process trained on the whole batch, with each optimizer: the answer to match."""
+    return {name: train_states(m, factory(m.parameters()))
+            for name, factory in OPTIMIZERS.items() for m in [make()]}
+
+
+def run_ranks(result: CheckResult, fn, world_size: int, *args):
+    """``launch`` for a checker: a failure becomes one ✘ line, never a long traceback."""
+    try:
+        return launch(fn, world_size, *args, backend="gloo", timeout=CHECK_TIMEOUT, deadline=180)
+    except LaunchTimeoutError as e:
+        result.wrong(str(e).splitlines()[0][:400], hint="a rank waits in a collective another rank "
+                     "never issued: every rank must call the same collectives in the same order")
+    except LaunchError as e:
+        kind = str(e.exc_type).rsplit(".", 1)[-1]
+        result.wrong(f"rank {e.rank} raised {kind}: {(e.message or '').strip()[:500]}"
+                     + where(e.traceback), hint="is a collective under an `if` on the rank?"
+                     if kind == "CollectiveMismatchError" else "")
+    return None
+
+
+def where(tb: str) -> str:
+    """`` (in f: `line`)`` for the last frame of a traceback outside torch and fsdp_mini."""
+    frames = re.findall(r'File "([^"]+)", line \d+, in (\S+)\n\s*(.*)', tb or "")
+    mine = [f for f in frames if "site-packages" not in f[0] and "/fsdp_mini/" not in f[0]]
+    return f" (in {mine[-1][1]}: `{mine[-1][2].strip()}`)" if mine else ""
+
+
+def compare_states(result, label, runs, ref, init, tol=1e-5) -> bool:
+    """✔/✘ lines: do the ranks agree with one another, and with the reference, step by step?"""
+    for step, state in enumerate(runs[0]):
+        for r, other in enumerate(runs[1:], start=1):
+            diff = {k: (v - state[k]).abs().max().item() for k, v in other[step].items()}
+            name = max(diff, key=diff.get)
+            if diff[name] > 0:
+                result.wrong(f"{label}: after step {step + 1}, rank {r}'s {name!r} differs from "
+                             f"rank 0's by up to {diff[name]:.3g}: the ranks drift apart",
+                             hint="after the optimizer step every rank must get every rank's "
+                                  "updated slice (an all-gather)")
+                return False
+    worst = max(((runs[0][s][k] - v).abs().max().item() / (v.abs().max().item() + 1e-3), k, s + 1)
+                for s, state in enumerate(ref) for k, v in state.items())
+    if worst[0] <= tol:
+        result.ok(f"{label}: {len(runs)} ranks train like one process on the whole batch "
+                  f"({len(ref)} steps, largest relative difference {worst[0]:.1e})")
+        return True
+    keys = list(ref[0])
+    mine, want = (torch.cat([(s[k] - init[k]).flatten() for k in keys]) for s in (runs[0][0], ref[0]))
+    ratio, n = float(mine @ want / (want @ want)), len(runs)
+    why = (f": the first update is {ratio:.2f}x the single-process one, gradients {n}x too large. "
+           f"Did you divide the sum over ranks by the world size? (AdamW hides it: it divides "
+           f"each update by the gradient's own size)" if abs(ratio - n) < 0.05 * n else
+           f": the first update is {ratio:.2f}x too small: did you divide twice?"
+           if abs(ratio * n - 1) < 0.05 else "")
+    result.wrong(f"{label}: {worst[1]!r} differs from one-process training by {worst[0]:.2g} "
+                 f"(relative) after step {worst[2]}" + why)
+    return False
+
+
+# -- the checkers of lab 04 -----------------------------------------------------------------------
+
+def check_zero1(cls, world_size: int = 2) -> CheckResult:
+    """Your ZeRO-1 (a :class:`ZeroScaffold`): its slices for N = 2, 3, 4 (with padding), then
+    training on ``world_size`` ranks: ranks agree, match one process, Adam state Ψ/N, bytes."""
+    return _check_zero(cls, 1, world_size)
+
+
+def check_zero2(cls, world_size: int = 2) -> CheckResult:
+    """As :func:`check_zero1`, and: one reduce-scatter (Ψ, not DDP's 2Ψ), a gradient shard only."""
+    return _check_zero(cls, 2, world_size)
+
+
+def _check_zero(cls, stage: int, world_size: int) -> CheckResult:
+    result = CheckResult(f"your ZeRO-{stage} ({getattr(cls, '__name__', cls)})")
+    if not (isinstance(cls, type) and issubclass(cls, ZeroScaffold)):
+        return result.wrong(f"expected a subclass of labs.ZeroScaffold, got {cls!r}").finish()
+    todo = missing_methods(cls, ("my_slice", "reduce_gradients", "after_step"), ZeroScaffold)
+    if todo:
+        return result.wrong(f"not written yet: {', '.join(todo)}", hint="replace each `...` with "
+                            "your code, run the cell, then this check").finish()
+    if not _check_slices(cls, result) or (runs := run_ranks(result, _zero_run, world_size, cls)) is None:
+        return result.finish()
+    init = make_mlp().state_dict()
+    for name, ref in reference().items():
+        compare_states(result, name, [r[name]["states"] for r in runs], ref, init)
+    run = runs[0]["AdamW"]
+    _judge_memory(result, run, stage, world_size)
+    _judge_bytes(result, run["sent"], run["expected"]["sent_bytes_per_step"], stage)
+    result.facts.update(memory=run["memory"], sent=run["sent"], expected=run["expected"])
+    return result.finish()
+
+
+def _judge_memory(result: CheckResult, run: dict, stage: int, n: int) -> None:
+    """Adam's state Ψ/N per rank; ZeRO-2 keeps a gradient shard only; the total as the formula."""
+    padded, es, mem = run["padded"], run["element_size"], run["memory"]
+    optim, grads = mem["optimizer_state"], mem["grads"]
+    result.check(abs(optim - 2 * es * padded / n) <= 64,
+                 f"optimizer state: {optim} B per rank ≈ 8Ψ/N = {2 * es * padded // n} B (Adam's "
+                 f"two moments of this rank's slice only)",
+                 f"optimizer state: {optim} B per rank, but 8Ψ/N = {2 * es * padded // n} B" +
+                 (": every rank keeps Adam state for the whole model" if optim > es * padded else ""))
+    if stage == 2 and grads > es * padded / n:
+        result.wrong(f"gradients kept after the step: {grads} B per rank, but ZeRO-2 keeps only "
+                     f"this rank's shard, 4Ψ/N = {es * padded // n} B", hint="reduce-scatter into "
+                     "a new tensor the size of the shard (torch.empty_like(self.shard)); a slice "
+                     "of a whole gradient buffer keeps the whole buffer alive")
+        return
+    state, want = mem["params"] + grads + optim, run["expected"]["persistent_bytes"]
+    result.check(abs(state - want) <= 64, f"model state per rank: {state} B, the formula says "
+                 f"{want:.0f} B", f"model state per rank: {state} B, but the formula says {want:.0f} B")
+
+
+def _judge_bytes(result: CheckResult, ops: dict, want: float, stage: int) -> None:
+    """The bytes of one step, by collective, against the formula; what a difference means."""
+    said = ", ".join(f"{op} {b:.0f} B" for op, b in ops.items()) or "nothing"
+    if abs(sum(ops.values()) - want) <= 1e-6:
+        result.ok(f"bytes sent per rank per step: {said}, as the formula says")
+    elif "all_gather" not in ops:
+        result.wrong(f"bytes sent per rank per step: {said}: no all-gather of the parameters",
+                     hint="after the step, all-gather every rank's updated slice")
+    elif stage == 1 and "reduce_scatter" in ops and "all_reduce" not in ops:
+        result.ok(f"bytes sent per rank per step: {said}; you reduce-scatter already: ZeRO-2's "
+                  f"move, the next exercise")
+    elif stage == 2 and "all_reduce" in ops:
+        result.wrong(f"bytes sent per rank per step: {said}, {sum(ops.values()) / want:.2f}x the "
+                     f"ZeRO-2 formula: the gradients were all-reduced (2Ψ)", hint="each rank needs "
+                     "only the average of its own slice: a reduce-scatter (Ψ) gives exactly that")
+    else:
+        result.wrong(f"bytes sent per rank per step: {said}; the formula says {want:.0f} B")
+
+
+def _check_slices(cls, result: CheckResult) -> bool:
+    """Call ``my_slice`` as each rank r of N = 2, 3, 4, in this process (no collective)."""
+    module = make_mlp()
+    for n in (2, 3, 4):
+        fake = object.__new__(cls)
+        fake.module, fake.comm, fake.params = module, SimpleNamespace(world_size=n), list(module.parameters())
+        fake.layout = FlatLayout([ParamSlot(p, [], []) for p in fake.params], n)
+        fake.flat = fake.layout.flatten([p.detach() for p in fake.params])
+        numel, padded, got = fake.layout.numel, fake.layout.padded_numel, []
+        for fake.comm.rank in range(n):
+            try:
+                got.append(_as_range(cls.my_slice(fake)))
+            except Exception as e:  # noqa: BLE001  (the learner's code: any error is a ✘ line)
+                result.wrong(f"my_slice raised {type(e).__name__}: {e} (as rank {fake.comm.rank} "
+                             f"of {n})")
+                return False
+        size = padded // n
+        want = [(r * size, (r + 1) * size) for r in range(n)]
+        if got == want:
+            continue
+        owned = torch.zeros(padded, dtype=torch.long)
+        for a, b in got:
+            owned[max(a, 0):max(min(b, padded), 0)] += 1
+        orphans = (owned[:numel] == 0).nonzero().flatten().tolist()
+        rank = next(r for r, g in enumerate(got) if g != want[r])
+        if all(b - a >= numel for a, b in got):
+            result.wrong(f"every rank owns the whole buffer ({got[0]} on each of {n} ranks): every "
+                         f"optimizer would keep state for all Ψ elements, not Ψ/N: no memory saved",
+                         hint="rank r owns only [r·S, (r+1)·S), S = self.flat.numel() // N")
+        elif got[rank] in want:
+            result.wrong(f"with {n} ranks, rank {rank} would update elements [{got[rank][0]}, "
+                         f"{got[rank][1]}), which are rank {want.index(got[rank])}'s slice",
+                         hint="the all-gather puts rank r's part at position r: rank r owns "
+                              "[r·S, (r+1)·S)")
+        elif orphans:
+            result.wrong(f"padding: with Ψ = {numel} elements on {n} ranks your slices hold "
+                         f"{sorted({b - a for a, b in got})} elements, and element(s) "
+                         f"{orphans[0]}..{orphans[-1]} belong to no rank: never updated",
+                         hint=f"self.flat is padded to {padded} = {n} × {size}: S = "
+                              f"self.flat.numel() // N, not the number of parameters // N")
+        else:
+            result.wrong(f"with {n} ranks your slices are {got}; rank r owns [r·S, (r+1)·S): {want}")
+        return False
+    return result.ok("my_slice: rank r owns [r·S, (r+1)·S), S = padded Ψ / N (checked for N = "
+                     "2, 3, 4 with Ψ = 59, padded to 60)") is not None
+
+
+def _zero_run(rank, world_size, cls):
+    from ..api import expected_costs, parallelize
+    from ..memory import track_memory
+    out = {}
+    for name, factory in OPTIMIZERS.items():
+        model, optimizer = parallelize(make_mlp(), cls, optimizer=factory, check_collectives=True)
+        ledger = model.fsdp_mini.comm.ledger
+        ledger.next_step()
+        with track_memory(model, optimizer) as mem:
+            states = train_states(model, optimizer, rank, world_size, memory=mem)
+        out[name] = {"states": states, "expected": expected_costs(model),
+                     "sent": {op: t.sent_bytes for op, t in ledger.totals(step=ledger.step).items()},
+                     "memory": next(s.by_category for s in mem.snapshots if s.label == "after_step"),
+                     "padded": model.fsdp_mini.padded_numel(),
+                     "element_size": model.fsdp_mini.element_size()}
+    return out
