@@ -342,3 +342,68 @@ def test_demo_notebook_runs_live_in_jupyterlab(tmp_path):
     assert not {p for p in processes_matching("fsdp_mini.launcher.rank_entry") if p in lab.seen}
     assert _wait_until(lambda: children(os.getpid()) <= children_before, 5), \
         [cmdline(p) for p in children(os.getpid()) - children_before]
+
+
+LAB05 = ROOT / "labs" / "05_fsdp.ipynb"
+
+
+def test_lab05_runs_to_the_end_in_jupyterlab(tmp_path):
+    """Lab 05 as a learner runs it: "Run All Cells" in JupyterLab, the dashboard visible, the
+    interactive ranks started and stopped; a screenshot of the dashboard is kept."""
+    _requirements()
+    served = tmp_path / "lab"
+    shutil.copytree(ROOT / "labs", served, ignore=shutil.ignore_patterns("*.pyc", "__pycache__"))
+    notebook = json.loads(LAB05.read_text())
+    shots = pathlib.Path(os.environ.get("FSDP_MINI_SCREENSHOTS") or tmp_path / "screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
+    children_before = children(os.getpid())
+    with running_lab(served, tmp_path / "jupyterlab.log", tmp_path / "jupyter-state") as lab:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                        args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(lab.url(f"lab/tree/{LAB05.name}"), timeout=60_000)
+                state = _wait_for_notebook(page, lab, len(notebook["cells"]))
+                code = [i for i, c in enumerate(state["cells"]) if c["code"]]
+                dash_i = _cell_index(notebook, "Dashboard()")
+                dash_cell = page.locator(".jp-Notebook .jp-Cell").nth(dash_i)
+                started = time.monotonic()
+                _run_all_cells(page)
+                while True:
+                    state = page.evaluate(READ_PAGE)
+                    lab.record_processes()
+                    _dismiss_prompts(page, state)
+                    if state["status"] == "idle" and all(
+                            _executed(state["cells"][i]["prompt"]) for i in code):
+                        break
+                    if any(s for i in code for s in state["cells"][i]["stderr"]
+                           if "Traceback" in s or "Error" in s):
+                        break
+                    assert time.monotonic() - started < RUN_TIMEOUT, _describe(state)
+                    time.sleep(0.2)
+                took = time.monotonic() - started
+                for i in code:
+                    out = state["cells"][i]["output"]
+                    assert not re.search(r"Traceback|\w+Error:", out), (i, out[-2000:])
+                page.wait_for_timeout(500)
+                final = dash_cell.evaluate(READ_DASHBOARD)
+                dash_cell.locator(".jp-OutputArea").evaluate(
+                    "e => e.scrollIntoView({block: 'start'})")
+                page.wait_for_timeout(300)
+                shot = shots / "lab05_dashboard.png"
+                page.screenshot(path=str(shot))
+            finally:
+                browser.close()
+        lab.record_processes()
+    shutil.copy(shot, "/tmp/browser_lab05.png")
+    print(f"\nlab 05: run all cells took {took:.1f} s; screenshot {shot} "
+          f"(copied to /tmp/browser_lab05.png)")
+    ranks = [m["label"] for m in final["memory"]]
+    assert "finished" in final["header"] and ranks and ranks[0] == "rank 0", final
+    for row in final["memory"]:
+        assert sum(row["segments"]) > 1 and "peak" in row["text"], row
+    assert not lab.leaked, f"processes outlived JupyterLab: {lab.leaked}"
+    commands = [cmd for _, cmd in lab.seen.values()]
+    assert any("ipyparallel" in cmd for cmd in commands), "the interactive ranks were not seen"
+    assert _wait_until(lambda: children(os.getpid()) <= children_before, 5)
