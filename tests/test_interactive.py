@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fsdp_mini import labs
+from fsdp_mini.labs.interactive import _children as children
 from helpers import notebook_kernel
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,9 +24,25 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _gone_within(pids, seconds: float) -> list[int]:
+def _group(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (the controller leads one with its schedulers)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def _gone_within(pids, seconds: float, controller: int) -> list[int]:
     deadline = time.monotonic() + seconds
-    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+    while ((left := [p for p in pids if _alive(p)] + _group(controller))
+           and time.monotonic() < deadline):
         time.sleep(0.2)
     return left
 
@@ -41,18 +58,22 @@ def test_ranks_keep_state_between_calls_and_stop_cleanly():
                                                                                    (1, 2, 7)]
         ranks.execute("y = x * scale")  # the state of one call is there for the next
         assert torch.equal(ranks.pull("y")[1], torch.full((3,), 30.0))
-        pids = ranks.pids + [ranks._controller_pid]
+        nannies = [c for p in ranks.pids for c in children(p)]
+        assert nannies  # each engine runs a nanny process
+        pids, controller = ranks.pids + nannies + [ranks._controller_pid], ranks._controller_pid
+        assert len(_group(controller)) > 1  # the controller runs schedulers in its group
     finally:
         ranks.stop()
-    assert not _gone_within(pids, 5), "ranks or controller left after stop()"
+    assert not _gone_within(pids, 5, controller), "ranks or controller left after stop()"
     ranks.stop()  # twice is fine
 
 
 CELLS = [
     f"import sys; sys.path.insert(0, {REPO!r})\nfrom fsdp_mini import labs\nranks = labs.start_ranks(2)",
     "%%px\nx = torch.full((2,), float(rank))\ndist.all_reduce(x)",
-    "import json\nprint(json.dumps({'x': [t.tolist() for t in ranks.pull('x')], "
-    "'pids': ranks.pids + [ranks._controller_pid]}))",
+    "import json\nfrom fsdp_mini.labs.interactive import _children\n"
+    "print(json.dumps({'x': [t.tolist() for t in ranks.pull('x')], 'pids': ranks.pids + "
+    "[c for p in ranks.pids for c in _children(p)] + [ranks._controller_pid]}))",
 ]
 
 
@@ -71,7 +92,7 @@ def test_px_cells_in_a_notebook_and_a_killed_kernel_leaves_no_process(tmp_path, 
         out = json.loads("".join(o.get("text", "") for o in nb.cells[2].outputs))
         assert out["x"] == [[1.0, 1.0], [1.0, 1.0]]
         pids = out["pids"]
-        assert all(_alive(p) for p in pids)
+        assert all(_alive(p) for p in pids) and len(_group(pids[-1])) > 1
         os.kill(kernel_pid, signal.SIGKILL)  # the notebook never reaches ranks.stop()
-        left = _gone_within(pids, 15)
+        left = _gone_within(pids, 15, pids[-1])
     assert not left, f"processes left after the kernel was killed: {left}"

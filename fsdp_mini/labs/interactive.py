@@ -61,10 +61,9 @@ def _set_up_rank(rank, world_size, port, backend, timeout, kernel_pid, controlle
         # Note: the engine's parent is the kernel; once it is gone the engine is re-parented.
         while _os.getppid() == kernel_pid:
             _time.sleep(0.5)
-        try:
-            _os.kill(controller_pid, _signal.SIGKILL)
-        except OSError:
-            pass
+        for pid in _children(_os.getpid()):  # this engine's nanny
+            _kill(pid)
+        _kill(controller_pid, group=True)  # Note: it leads a group with its schedulers
         _os._exit(0)
 
     threading.Thread(target=watch_kernel, daemon=True, name="fsdp-mini-watch-kernel").start()
@@ -148,8 +147,9 @@ class Ranks:
             cluster.stop_cluster_sync()
         except Exception:  # noqa: BLE001  (stopping must not fail: kill what is left below)
             pass
-        for pid in self.pids + [self._controller_pid]:
-            _kill(pid)
+        for pid in [c for p in self.pids for c in _children(p)] + self.pids:
+            _kill(pid)  # each engine and its nanny
+        _kill(self._controller_pid, group=True)  # the controller and its schedulers
         self._store = None
 
     def __enter__(self) -> "Ranks":
@@ -163,11 +163,23 @@ class Ranks:
         return f"Ranks(world_size={self.world_size}, backend={self.backend!r}, {state})"
 
 
-def _kill(pid: int) -> None:
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid``, from /proc (empty where there is no /proc)."""
+    found = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return found
+
+
+def _kill(pid: int, group: bool = False) -> None:
     if pid <= 0:
         return
     try:
-        os.kill(pid, signal.SIGKILL)
+        (os.killpg if group else os.kill)(pid, signal.SIGKILL)
     except OSError:
         pass
 
