@@ -1,1 +1,299 @@
-"""Checkers and helpers of lab 02 (being written)."""
+"""Lab 02, collectives by hand: what each rank holds before and after, a ring all-reduce written
+with point-to-point messages, and bandwidth against message size.
+
+    labs.show_collective("all-reduce", before, after)     # rank -> before -> after, a table
+    labs.check_ring_all_reduce(ring_all_reduce)           # your ring, on 2 and 3 ranks
+    rows = ranks.run(labs.all_reduce_sweep, sizes)        # time all-reduces of many sizes
+    labs.bandwidth_summary(rows)                          # latency floor, half-bandwidth size
+
+A ring all-reduce of P bytes on N ranks sends 2(N-1)/N x P per rank: N = 3, P = 12 B, chunks
+of 4 B; reduce-scatter 2 steps x 4 B, all-gather 2 steps x 4 B: 16 B = 2(3-1)/3 x 12 B.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from matplotlib.figure import Figure
+
+from ..comm import Comm
+from ..launcher import LaunchError, LaunchTimeoutError, launch, rank_device
+from ..telemetry.units import busbw_factor, fmt_bytes, fmt_rate, fmt_seconds
+from .exercise import not_written_yet
+from .report import CheckResult
+
+__all__ = ["all_reduce_sweep", "bandwidth_summary", "check_ring_all_reduce", "plot_bandwidth",
+           "ring_input", "show_collective"]
+
+RING_SIZES = (12, 13, 3 * 4096)  # divisible by 2, 3 and 4; by none of them; a larger one
+
+
+def show_collective(title: str, before: list, after: list) -> None:
+    """Print one row per rank: what it held before the collective, and after it."""
+    if len(before) != len(after):
+        raise ValueError(f"before has {len(before)} ranks, after {len(after)}: one value each")
+    short = [["[" + " ".join(f"{v:g}" for v in torch.as_tensor(t).flatten().tolist()) + "]"
+              for t in pair] for pair in zip(before, after)]
+    w = max(len("before"), *(len(b) for b, _ in short))
+    print(f"{title}\n  rank  {'before':<{w}}  after")
+    for r, (b, a) in enumerate(short):
+        print(f"  {r:<4}  {b:<{w}}  {a}")
+
+
+# -- the ring all-reduce exercise ---------------------------------------------------------------
+
+class ExerciseRaised(RuntimeError):
+    """The learner's function raised inside a rank (the message says where)."""
+
+
+class _Messages:
+    """The ``send`` and ``recv`` a learner's ring gets: point-to-point calls (ranks 0..n-1 of
+    the ring being checked) that count the bytes this rank sends.
+
+    Note: each message is preceded by its size (not counted), so a recv into a tensor of another
+    size is recorded in ``mismatch`` instead of aborting the process (gloo aborts then)."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size, self.sent_bytes, self.mismatch = rank, world_size, 0, ""
+        self._pending: list[_Request] = []  # Note: waited at the end if the learner did not
+
+    def _peer(self, peer, what: str) -> int:
+        if isinstance(peer, int) and 0 <= peer < self.world_size and peer != self.rank:
+            return peer
+        raise ValueError(f"{what} rank {peer!r} from rank {self.rank}: peers are the other "
+                         f"ranks 0..{self.world_size - 1} (use (rank + 1) % world_size)")
+
+    def send(self, tensor: torch.Tensor, to: int):
+        """Start sending ``tensor`` to rank ``to``; returns a request (``.wait()`` optional)."""
+        # Note: non-blocking (isend), so every rank can send first and receive second.
+        to, data = self._peer(to, "send to"), tensor.detach().contiguous()
+        size = torch.tensor([data.numel()], dtype=torch.int64)
+        request = _Request(dist.isend(size, to, tag=1), dist.isend(data, to, tag=0), size, data)
+        self.sent_bytes += data.numel() * data.element_size()
+        self._pending.append(request)
+        return request
+
+    def recv(self, tensor: torch.Tensor, frm: int) -> None:
+        """Receive into ``tensor`` what rank ``frm`` sent; blocks until it arrives."""
+        frm, size = self._peer(frm, "recv from"), torch.zeros(1, dtype=torch.int64)
+        if not tensor.is_contiguous():
+            raise ValueError("recv needs a contiguous tensor (a chunk of a 1-D tensor is one)")
+        dist.irecv(size, frm, tag=1).wait()
+        sent, k = int(size), min(int(size), tensor.numel())
+        landing = tensor if sent == tensor.numel() else torch.empty(sent, dtype=tensor.dtype)
+        dist.irecv(landing, frm, tag=0).wait()
+        if landing is not tensor:
+            tensor.view(-1)[:k].copy_(landing[:k])  # Note: wrong on purpose; the checker says why
+            self.mismatch = self.mismatch or (f"rank {frm} sent {sent} elements, rank "
+                                              f"{self.rank} received them into {tensor.numel()}")
+
+    def finish(self) -> None:
+        for request in self._pending:
+            request.wait()
+
+
+class _Request:
+    """A send in flight; ``wait()`` may be called twice (gloo's own request hangs then)."""
+
+    def __init__(self, *works_and_buffers):  # Note: buffers live until the send is done
+        self._held = works_and_buffers
+
+    def wait(self) -> None:
+        for work in self._held[:2]:
+            work.wait()
+        self._held = ()
+
+
+def ring_input(rank: int, world_size: int, size: int) -> torch.Tensor:
+    """What rank ``rank`` holds in the checker: ``2**rank * (1 + i % 7)``, exact in float32, so
+    a partial sum (some ranks missing) never equals the full sum."""
+    return (2.0 ** rank) * (1 + torch.arange(size) % 7).float()
+
+
+def _ring_on_rank(rank, world, fns, world_sizes, sizes):
+    out = [[] for _ in fns]
+    for k, fn in enumerate(fns):
+        for n in world_sizes:
+            for size in sizes:
+                if rank < n:  # Note: the first n ranks form the ring; the others wait below
+                    x, messages = ring_input(rank, n, size), _Messages(rank, n)
+                    try:
+                        returned = fn(x, rank, n, messages.send, messages.recv)
+                        messages.finish()
+                    except Exception as e:  # noqa: BLE001  (named by _explain_failure)
+                        raise ExerciseRaised(f"[{n} ranks, {size} elements] "
+                                             f"{type(e).__name__}: {e}") from None
+                    got = returned if isinstance(returned, torch.Tensor) else x
+                    out[k].append({"n": n, "size": size, "got": got.detach().float().clone(),
+                                   "sent": messages.sent_bytes, "mismatch": messages.mismatch})
+                dist.barrier()
+    return out
+
+
+def check_ring_all_reduce(fn, world_sizes=(2, 3), sizes=RING_SIZES, timeout=20) -> CheckResult:
+    """Run ``fn(tensor, rank, world_size, send, recv)`` on each world size and tensor size; check
+    that every rank ends with the sum, and sends 2(N-1)/N x the payload (as a ring does)."""
+    return _check_rings([fn], world_sizes, sizes, timeout)[0].finish()
+
+
+def _check_rings(fns, world_sizes=(2, 3), sizes=RING_SIZES, timeout=20) -> list[CheckResult]:
+    """Several rings judged from one launch (each judged alone; the tests use it for speed)."""
+    results, world_sizes = [CheckResult("your ring all-reduce") for _ in fns], sorted(world_sizes)
+    if not world_sizes or world_sizes[0] < 2:
+        raise ValueError(f"world_sizes must be 2 or more ranks each, got {world_sizes}")
+    todo = [k for k, fn in enumerate(fns) if not not_written_yet(fn)]
+    for k in sorted(set(range(len(fns))) - set(todo)):
+        results[k].wrong("not written yet: replace the `...` with your ring, then run this "
+                         "cell again", hint="labs.show_solution('02_ring_all_reduce') shows one")
+    try:
+        per_rank = launch(_ring_on_rank, world_sizes[-1], [fns[k] for k in todo], world_sizes,
+                          tuple(sizes), backend="gloo", timeout=timeout) if todo else []
+    except LaunchError as err:
+        for k in todo:
+            _explain_failure(results[k], err, timeout, "a recv waits for a send that never "
+                             "comes: does every rank make the same number of steps, and does "
+                             "every send to rank r+1 meet a recv from rank r-1?")
+        return results
+    for j, k in enumerate(todo):
+        cases: dict = {}
+        for c in (c for rank_out in per_rank for c in rank_out[j]):
+            cases.setdefault((c["n"], c["size"]), []).append(c)
+        for (n, size), what in [(key, c["mismatch"]) for key, v in cases.items() for c in v
+                                if c["mismatch"]][:1]:
+            results[k].wrong(f"a send and its recv differ in size ({size} elements on {n} "
+                             f"ranks: {what})", hint="both sides must use the same chunk index")
+        _check_sums(results[k], cases)
+        _check_bytes(results[k], cases)
+        results[k].facts["sent_bytes"] = {key: [c["sent"] for c in v] for key, v in cases.items()}
+    return results
+
+
+def _explain_failure(result, err, timeout, hang_hint, raise_hint=None) -> CheckResult:
+    """A ✘ line for a rank that raised or hung: what a learner needs, not the traceback."""
+    if isinstance(err, LaunchTimeoutError):
+        return result.wrong(f"the ranks did not finish: rank {err.rank} waited {timeout:g} s for "
+                            f"a message or collective that never came", hint=hang_hint)
+    message = re.sub(r"\s+", " ", str(err.message)).strip()[:400]
+    kind = "" if str(err.exc_type).endswith("ExerciseRaised") else f"{err.exc_type}: "
+    return result.wrong(f"your code raised on rank {err.rank}: {kind}{message}",
+                        hint=raise_hint or "the line above says which; fix it and run it again")
+
+
+def _check_sums(result, cases) -> None:
+    expected = {k: sum(ring_input(r, k[0], k[1]) for r in range(k[0])) for k in cases}
+    right = {k: all(torch.equal(c["got"], expected[k]) for c in v) for k, v in cases.items()}
+    if all(right.values()):
+        result.ok(f"every rank holds the sum of all ranks' tensors, on "
+                  f"{' and '.join(str(n) for n in sorted({k[0] for k in cases}))} ranks, for "
+                  f"{', '.join(str(s) for s in sorted({k[1] for k in cases}))} elements")
+        return
+    wrong = [k for k, ok in right.items() if not ok]
+    (n, size), want = wrong[0], expected[wrong[0]]
+    got, where = [c["got"] for c in cases[wrong[0]]], f"{size} elements on {n} ranks"
+    same_shape = all(g.shape == want.shape for g in got)
+    if same_shape and all(torch.allclose(g, want / n) for g in got):
+        result.wrong(f"every rank holds the mean, not the sum ({where}): an all-reduce sums",
+                     hint="remove the division (DDP divides the summed gradient by N itself)")
+    elif all(s % m for m, s in wrong) and all(right[k] for k in cases if k[1] % k[0] == 0):
+        result.wrong(f"right when the size divides by N, wrong for {where}",
+                     hint="cut the tensor with tensor.tensor_split(world_size): chunks that "
+                          "differ by at most one element, none lost")
+    elif same_shape and all(0 < int((g == want).sum()) <= math.ceil(size / n) for g in got):
+        owned = [(g == want).nonzero().flatten().tolist() for g in got]
+        result.wrong(f"only one chunk per rank holds the full sum ({where}: " + ", ".join(
+                     f"rank {r} elements {o[0]}-{o[-1]}" for r, o in enumerate(owned)) +
+                     "): that is where the reduce-scatter phase leaves it",
+                     hint="add the all-gather phase: N-1 more steps passing each summed chunk "
+                          "on around the ring, copying (not adding) what arrives")
+    else:
+        bad = [r for r, g in enumerate(got) if not torch.equal(g, want)]
+        g = got[bad[0]].flatten()
+        i = int((g != want).nonzero()[0]) if g.shape == want.shape else 0
+        seen = f"got {g[i].item():g}" if g.numel() > i else f"got shape {tuple(g.shape)}"
+        result.wrong(f"wrong sums on rank(s) {', '.join(map(str, bad))} ({where}; element {i}: "
+                     f"{seen}, expected {want[i].item():g})",
+                     hint="check the chunk indices: at step s rank r sends chunk (r - s) % N to "
+                          "rank r+1, and adds what rank r-1 sends into chunk (r - s - 1) % N")
+
+
+def _check_bytes(result, cases) -> None:
+    for (n, size), per_rank in sorted(cases.items()):
+        payload = 4 * math.ceil(size / n) * n  # Note: padded to a multiple of N if uneven
+        ring = 2 * (n - 1) / n * payload
+        worst = max(per_rank, key=lambda c: abs(c["sent"] - ring))
+        if worst["sent"] == ring if size % n == 0 else worst["sent"] <= ring:
+            continue
+        ratio, r = worst["sent"] / ring, per_rank.index(worst)
+        hint = "each message should be one chunk of size/N, N-1 of them in each of two phases"
+        if math.isclose(worst["sent"], (n - 1) * 4 * size):
+            hint = ("did you send the whole tensor to every other rank? That costs (N-1) x P; "
+                    "a ring sends one chunk per step")
+        elif math.isclose(ratio, 0.5):
+            hint = "half the ring's bytes: the all-gather phase is missing"
+        result.wrong(f"rank {r} sent {fmt_bytes(worst['sent'])} for {size} elements on {n} "
+                     f"ranks; a ring sends 2(N-1)/N x {fmt_bytes(payload)} = "
+                     f"{fmt_bytes(ring)} ({ratio:.2f}x that)", hint=hint)
+        return
+    big = max(cases, key=lambda k: (k[1] % k[0] == 0, k[1], k[0]))
+    result.ok(f"each rank sent 2(N-1)/N x the payload, e.g. {fmt_bytes(cases[big][0]['sent'])} "
+              f"for {fmt_bytes(4 * big[1])} on {big[0]} ranks, as a ring does")
+
+
+# -- bandwidth against message size -----------------------------------------------------------
+
+def all_reduce_sweep(rank: int, world_size: int, sizes, repeats: int = 5) -> list[dict]:
+    """Time all-reduces of ``sizes`` bytes (float32) through :class:`fsdp_mini.Comm`; per size
+    the median over ``repeats`` of the slowest rank, with algbw and busbw (nccl-tests)."""
+    comm, device, rows = Comm(), rank_device(), []
+    for nbytes in sizes:
+        x, seconds = torch.ones(max(1, int(nbytes) // 4), device=device), []
+        for i in range(repeats + 1):  # Note: the first is a warm-up, not timed
+            comm.barrier()  # start together, so one rank's late arrival is not timed
+            start = time.perf_counter()
+            comm.all_reduce(x, label=f"sweep {fmt_bytes(4 * x.numel())}")
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # Note: the host returns before the GPU is done
+            seconds += [time.perf_counter() - start] if i else []
+        t = torch.tensor([statistics.median(seconds)], dtype=torch.float64, device=device)
+        if world_size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        payload, algbw = 4 * x.numel(), 4 * x.numel() / float(t)
+        rows.append({"bytes": payload, "seconds": float(t), "algbw": algbw,
+                     "busbw": algbw * busbw_factor("all_reduce", world_size)})
+    return rows
+
+
+def bandwidth_summary(rows: list[dict], half: float = 0.5) -> dict:
+    """From a sweep: the latency floor (time of the smallest message), the peak busbw, and the
+    smallest size that reaches ``half`` of it (Hockney's n½: below it, latency dominates)."""
+    if not rows:
+        raise ValueError("no rows: run all_reduce_sweep first")
+    rows, peak = sorted(rows, key=lambda r: r["bytes"]), max(r["busbw"] for r in rows)
+    n_half = next(r["bytes"] for r in rows if r["busbw"] >= half * peak)
+    return {"latency_floor": rows[0]["seconds"], "peak_busbw": peak, "n_half": n_half}
+
+
+def plot_bandwidth(rows: list[dict], marks: dict | None = None) -> Figure:
+    """Time and busbw against message size, log-log; ``marks`` {label: bytes} adds lines."""
+    rows, summary = sorted(rows, key=lambda r: r["bytes"]), bandwidth_summary(rows)
+    fig, sizes = Figure(figsize=(11, 3.6), layout="constrained"), [r["bytes"] for r in rows]
+    ax_t, ax_b = fig.subplots(1, 2)
+    ax_t.loglog(sizes, [r["seconds"] * 1e6 for r in rows], "o-", color="#F4A261")
+    ax_t.axhline(summary["latency_floor"] * 1e6, color="grey", ls=":",
+                 label=f"latency floor {fmt_seconds(summary['latency_floor'])}")
+    ax_t.set(xlabel="message size (bytes)", ylabel="µs per all-reduce", title="Time: flat "
+             "(latency) for small messages, then ∝ size")
+    ax_b.semilogx(sizes, [r["busbw"] / 1e9 for r in rows], "o-", color="#2A9D8F")
+    ax_b.axvline(summary["n_half"], color="grey", ls=":",
+                 label=f"half of peak from {fmt_bytes(summary['n_half'])}")
+    ax_b.set(xlabel="message size (bytes)", ylabel="busbw (GB/s)",
+             title=f"Bus bandwidth (peak {fmt_rate(summary['peak_busbw'])})")
+    for label, nbytes in (marks or {}).items():
+        ax_b.axvline(nbytes, color="#C44E52", ls="--", label=label)
+    ax_t.legend(fontsize=8), ax_b.legend(fontsize=8)
+    return fig
