@@ -9,8 +9,10 @@ say in plain words what is right and what is wrong.
 
     labs.check_ring_all_reduce(ring_all_reduce)  # ✔/✘ lines, on several ranks
 
-Each lab's checkers live in ``lab01.py`` ... ``lab05.py``; the interactive multi-rank mode (ranks
-that stay alive across cells, ``%%px``) in ``interactive.py``.
+Each lab's checkers live in ``lab01.py`` ... ``lab05.py`` (what labs 04–05 share in
+``checking.py``, lab 05's unit scaffolding in ``fsdp_scaffold.py``); the interactive multi-rank
+mode (ranks that stay alive across cells, ``%%px``) in ``interactive.py``; executed HTML copies of
+the labs in ``render.py`` (``fsdp-mini render-labs``).
 """
 
 from .config import LabConfig, in_ci, lab_config
@@ -22,3 +24,8 @@ from .lab03 import *  # noqa: F401,F403
 from .lab04 import *  # noqa: F401,F403
 from .lab05 import *  # noqa: F401,F403
 from .interactive import *  # noqa: F401,F403
+from . import interactive, lab01, lab02, lab03, lab04, lab05
+
+__all__ = (["LabConfig", "in_ci", "lab_config", "exercise", "load_solution", "not_written_yet",
+            "show_solution", "CheckFailed", "CheckResult"]
+           + [name for m in (lab01, lab02, lab03, lab04, lab05, interactive) for name in m.__all__])

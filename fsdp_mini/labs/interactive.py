@@ -37,7 +37,6 @@ __all__ = ["Ranks", "start_ranks"]
 def _set_up_rank(rank, world_size, port, backend, timeout, kernel_pid, controller_pid, path):
     """Runs on each engine: join the process group, watch the kernel, define the usual names."""
     import os as _os
-    import signal as _signal
     import sys
     import threading
     import time as _time

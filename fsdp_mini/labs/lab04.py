@@ -13,7 +13,6 @@ by the gradient's own size and so hides a gradient that is N times too large.
 
 from __future__ import annotations
 
-import re
 import statistics
 from functools import partial
 from types import SimpleNamespace
@@ -24,20 +23,16 @@ from torch import nn
 from ..buckets import BucketScheduler
 from ..comm import broadcast_module_states
 from ..flat import FlatLayout, ParamSlot
-from ..launcher import LaunchError, LaunchTimeoutError, launch
 from ..ledger import ring_bytes
 from ..memory import allocating
 from ..registry import register_strategy
 from ..strategy import Strategy
-from .exercise import not_written_yet
+from .checking import (OPTIMIZERS, compare_states, make_mlp, missing_methods, reference,
+                       run_ranks, train_states)
 from .report import CheckResult
 
 __all__ = ["ZeroScaffold", "check_zero1", "check_zero2", "measure_strategies"]
 
-OPTIMIZERS = {"SGD+momentum": partial(torch.optim.SGD, lr=0.1, momentum=0.9),
-              "AdamW": partial(torch.optim.AdamW, lr=0.01, weight_decay=0.1)}
-STEPS, GLOBAL_BATCH = 3, 12   # 12 rows split over 1, 2, 3 or 4 ranks
-CHECK_TIMEOUT = 20            # seconds a checker's collective may wait (a skipped one hangs)
 
 
 class ZeroScaffold(Strategy):
@@ -160,108 +155,6 @@ def measure_strategies(rank, world_size, strategies, steps=3, model="tiny", glob
             "peak": run.memory.peak_by_category, "activations": activations,
             "expected": expected_costs(net), "losses": run.losses}
     return out
-
-
-# -- what the checkers of labs 04 and 05 share ------------------------------------------------------
-
-def unwritten(fn) -> bool:
-    """A stub: missing, or a body of only ``...`` or ``pass`` (a docstring allowed)."""
-    return fn is None or not_written_yet(fn)
-
-
-def missing_methods(cls, names, base) -> list[str]:
-    """The methods ``cls`` still leaves to ``base`` (or to Strategy), or whose body is ``...``."""
-    return [n for n in names if unwritten(getattr(cls, n, None)) or
-            getattr(cls, n) in (getattr(base, n, None), getattr(Strategy, n, None))]
-
-
-def batch(step: int, rank: int = 0, world_size: int = 1):
-    """This rank's rows of the checkers' data: 12 rows of 4 inputs and 3 targets."""
-    g = torch.Generator().manual_seed(1000 + step)
-    x, y = torch.randn(GLOBAL_BATCH, 4, generator=g), torch.randn(GLOBAL_BATCH, 3, generator=g)
-    n = GLOBAL_BATCH // world_size
-    return x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
-
-
-def make_mlp() -> nn.Module:
-    """4 → 7 → 3: 59 parameters, so the flat buffer needs padding at N = 2, 3 and 4."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return nn.Sequential(nn.Linear(4, 7), nn.Tanh(), nn.Linear(7, 3))
-
-
-def train_states(model, optimizer, rank=0, world_size=1, memory=None) -> list[dict]:
-    """Train ``STEPS`` steps on the checkers' data; the whole state after each step."""
-    from ..api import full_state_dict
-    states = []
-    for step in range(STEPS):
-        x, y = batch(step, rank, world_size)
-        nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-        if memory is not None and step == STEPS - 1:
-            memory.mark("after_step")
-        optimizer.zero_grad()
-        states.append(full_state_dict(model))
-    return states
-
-
-def reference(make=make_mlp) -> dict[str, list[dict]]:
-    """One process trained on the whole batch, with each optimizer: the answer to match."""
-    return {name: train_states(m, factory(m.parameters()))
-            for name, factory in OPTIMIZERS.items() for m in [make()]}
-
-
-def run_ranks(result: CheckResult, fn, world_size: int, *args):
-    """``launch`` for a checker: a failure becomes one ✘ line, never a long traceback."""
-    try:
-        return launch(fn, world_size, *args, backend="gloo", timeout=CHECK_TIMEOUT, deadline=180)
-    except LaunchTimeoutError as e:
-        result.wrong(str(e).splitlines()[0][:400], hint="a rank waits in a collective another rank "
-                     "never issued: every rank must call the same collectives in the same order")
-    except LaunchError as e:
-        kind = str(e.exc_type).rsplit(".", 1)[-1]
-        result.wrong(f"rank {e.rank} raised {kind}: {(e.message or '').strip()[:500]}"
-                     + where(e.traceback), hint="is a collective under an `if` on the rank?"
-                     if kind == "CollectiveMismatchError" else "")
-    return None
-
-
-def where(tb: str) -> str:
-    """`` (in f: `line`)`` for the last frame of a traceback outside torch and fsdp_mini."""
-    frames = re.findall(r'File "([^"]+)", line \d+, in (\S+)\n\s*(.*)', tb or "")
-    mine = [f for f in frames if "site-packages" not in f[0] and "/fsdp_mini/" not in f[0]]
-    return f" (in {mine[-1][1]}: `{mine[-1][2].strip()}`)" if mine else ""
-
-
-def compare_states(result, label, runs, ref, init, tol=1e-5) -> bool:
-    """✔/✘ lines: do the ranks agree with one another, and with the reference, step by step?"""
-    for step, state in enumerate(runs[0]):
-        for r, other in enumerate(runs[1:], start=1):
-            diff = {k: (v - state[k]).abs().max().item() for k, v in other[step].items()}
-            name = max(diff, key=diff.get)
-            if diff[name] > 0:
-                result.wrong(f"{label}: after step {step + 1}, rank {r}'s {name!r} differs from "
-                             f"rank 0's by up to {diff[name]:.3g}: the ranks drift apart",
-                             hint="after the optimizer step every rank must get every rank's "
-                                  "updated slice (an all-gather)")
-                return False
-    worst = max(((runs[0][s][k] - v).abs().max().item() / (v.abs().max().item() + 1e-3), k, s + 1)
-                for s, state in enumerate(ref) for k, v in state.items())
-    if worst[0] <= tol:
-        result.ok(f"{label}: {len(runs)} ranks train like one process on the whole batch "
-                  f"({len(ref)} steps, largest relative difference {worst[0]:.1e})")
-        return True
-    keys = list(ref[0])
-    mine, want = (torch.cat([(s[k] - init[k]).flatten() for k in keys]) for s in (runs[0][0], ref[0]))
-    ratio, n = float(mine @ want / (want @ want)), len(runs)
-    why = (f": the first update is {ratio:.2f}x the single-process one, gradients {n}x too large. "
-           f"Did you divide the sum over ranks by the world size? (AdamW hides it: it divides "
-           f"each update by the gradient's own size)" if abs(ratio - n) < 0.05 * n else
-           f": the first update is {ratio:.2f}x too small: did you divide twice?"
-           if abs(ratio * n - 1) < 0.05 else "")
-    result.wrong(f"{label}: {worst[1]!r} differs from one-process training by {worst[0]:.2g} "
-                 f"(relative) after step {worst[2]}" + why)
-    return False
 
 
 # -- the checkers of lab 04 -----------------------------------------------------------------------

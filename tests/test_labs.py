@@ -1,0 +1,77 @@
+"""The labs as a whole: all six there, every notebook in labs/ run by CI, stored clean, listed in
+labs/README.md, and rendered to HTML by one command."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from fsdp_mini.labs.render import LABS_DIR, lab_notebooks
+
+ROOT = LABS_DIR.parent
+EXPECTED = ["00_setup", "01_memory", "02_collectives", "03_ddp", "04_zero", "05_fsdp"]
+
+
+def test_the_six_labs_are_there():
+    assert [p.stem for p in lab_notebooks()] == EXPECTED
+
+
+def test_every_notebook_in_labs_is_run_by_ci():
+    """pytest collects labs/ with nbval (pyproject's testpaths) and skips none of them."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                           "-p", "no:cacheprovider", str(LABS_DIR)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    collected = {line.split("::")[0] for line in proc.stdout.splitlines() if "::" in line}
+    notebooks = {str(p.relative_to(ROOT)) for p in LABS_DIR.glob("*.ipynb")}
+    assert notebooks, "no notebook in labs/"
+    missing = notebooks - collected
+    assert not missing, f"notebooks CI does not run: {sorted(missing)}\n{proc.stdout[-2000:]}"
+
+
+@pytest.mark.parametrize("path", sorted(LABS_DIR.glob("*.ipynb")), ids=lambda p: p.stem)
+def test_stored_without_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
+             and (c.get("outputs") or c.get("execution_count") is not None)]
+    assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
+
+
+@pytest.mark.parametrize("path", lab_notebooks(), ids=lambda p: p.stem)
+def test_lab_opens_with_objectives_and_ends_with_key_points(path):
+    nb = nbformat.read(path, as_version=4)
+    first = nb.cells[0].source.lower()
+    assert "objective" in first and re.search(r"\d+\s*min", first), \
+        f"{path.name}: the first cell must state the objectives and the time"
+    text = "\n".join(c.source for c in nb.cells).lower()
+    assert "key points" in text, f"{path.name}: no key points"
+
+
+@pytest.mark.parametrize("path", lab_notebooks(), ids=lambda p: p.stem)
+def test_lab_is_listed_in_the_labs_readme(path):
+    readme = (LABS_DIR / "README.md").read_text()
+    assert path.name in readme, f"{path.name} is not in labs/README.md"
+
+
+def test_every_solution_is_used_by_a_lab():
+    names = {p.stem for p in (LABS_DIR / "solutions").glob("*.py")}
+    text = "\n".join(c.source for p in lab_notebooks()
+                     for c in nbformat.read(p, as_version=4).cells)
+    unused = sorted(n for n in names if f'"{n}"' not in text)
+    assert not unused, f"solutions no lab uses: {unused}"
+
+
+@pytest.mark.slow
+def test_render_writes_an_executed_html_copy(tmp_path):
+    env = {**os.environ, "CI": ""}
+    exe = Path(sys.executable).parent / "fsdp-mini"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "fsdp_mini.jobs.cli"]
+    proc = subprocess.run(cmd + ["render-labs", "--ci", "--out", str(tmp_path), "00"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    html = (tmp_path / "00_setup.html").read_text()
+    assert "lab config:" in html  # an output of the run, not only the source
+    # (a cell ending in an error would have stopped the run: the command exits 0 only if none did)
