@@ -41,3 +41,15 @@ def test_registration_errors_are_clear():
     model, _ = fsdp_mini.parallelize(workers.make_odd(), toy_strategy.NaiveDDP)  # the class too
     assert model.fsdp_mini.strategy == "naive_ddp"
     assert model.fsdp_mini.formulas() == {"memory": "16Ψ", "sent": "2Ψ·4(N−1)/N"}
+
+
+def test_a_strategy_class_goes_to_the_ranks_as_it_is():
+    """The ready-made job takes your class: no registration inside the ranks needed."""
+    from fsdp_mini.jobs import train_gpt
+    import toy_strategy
+    from fsdp_mini.models import GPTConfig, make_model
+    out = fsdp_mini.launch(train_gpt, 2, toy_strategy.NaiveDDP, 2, "tiny", 4, False)
+    psi = make_model(GPTConfig.tiny()).num_params()
+    for rank in out:  # two steps, each an all-reduce of every gradient: 2 x 2(N-1)/N x 4Ψ
+        assert len(rank["losses"]) == 2
+        assert rank["sent_bytes_by_op"]["all_reduce"] == 2 * 2 * (2 - 1) / 2 * 4 * psi

@@ -19,17 +19,20 @@ from ..telemetry import Recorder
 from ..training import train
 
 
-def train_gpt(rank: int, world_size: int, strategy: str = "fsdp", steps: int = 5,
+def train_gpt(rank: int, world_size: int, strategy="fsdp", steps: int = 5,
               model: str = "default", global_batch: int = 8, telemetry: bool = True,
               check_collectives: bool = False, lr: float = 1e-3) -> dict:
     """Train the tiny GPT under ``strategy``; return losses, step times and the ledger's totals.
 
-    ``telemetry=False`` trains without a recorder (to measure what telemetry costs).
+    ``strategy``: a name, or a :class:`~fsdp_mini.Strategy` subclass (yours, defined in a notebook:
+    ``launch`` ships it to the ranks, where it is used as it is). ``telemetry=False`` trains
+    without a recorder (to measure what telemetry costs).
     """
     device = rank_device()
     cfg = GPTConfig.tiny() if model == "tiny" else GPTConfig()
     data = SyntheticText(cfg.vocab_size, cfg.block_size)
-    recorder = Recorder.from_env(run=strategy) if telemetry else None
+    name = strategy if isinstance(strategy, str) else getattr(strategy, "strategy", "run")
+    recorder = Recorder.from_env(run=name) if telemetry else None
     net = make_model(cfg).to(device)
     options = {"check_collectives": True} if check_collectives else {}
     net, optimizer = parallelize(net, strategy, units=list(net.blocks), recorder=recorder,
