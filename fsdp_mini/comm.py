@@ -38,11 +38,15 @@ class Handle:
 
     def __init__(self, work, record: CollectiveRecord, ledger: Ledger, t0: float):
         self._work, self._record, self._ledger, self._t0 = work, record, ledger, t0
-        self.done = False
+        self.done, self.blocking = False, False
 
     def wait(self) -> None:
         if self.done:
             return
+        # Note: from issue to here the rank was free to compute (the overlap); from here to the
+        # end it is blocked. A blocking collective waits at once (waited stays 0).
+        if not self.blocking:
+            self._record.waited = time.perf_counter() - self._t0
         if self._work is not None:
             self._work.wait()
         self._record.seconds = time.perf_counter() - self._t0
@@ -132,6 +136,7 @@ class Comm:
         handle = Handle(work if self.world_size > 1 else None, record, self.ledger, t0)
         if async_op:
             return handle
+        handle.blocking = True
         handle.wait()
         return None
 

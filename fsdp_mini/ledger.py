@@ -77,6 +77,7 @@ class CollectiveRecord:
     unit: str = ""
     phase: str = ""
     group: str = "world"  # which process group: the whole world, or (HSDP) a part of it
+    waited: float = 0.0   # seconds after issue when this rank began to wait for it (0: blocking)
 
 
 @dataclass

@@ -250,13 +250,18 @@ def _union(intervals):
 
 
 def compute_and_comm(run: RunState, r: int, step: int):
-    """(step start, step end, compute [(start, end)], comm [(start, end, op, label)])."""
+    """(step start, step end, compute [(start, end)], comm [(start, end, op, label)]).
+
+    Compute is the step less the time the rank spent *waiting* for collectives: an asynchronous
+    collective (a DDP bucket, a reduce-scatter) runs from its issue while the rank goes on
+    computing, so the two lanes overlap exactly where communication was hidden.
+    """
     found = run.intervals(r, step)
     if found is None:
         return None
     start, end, comm = found
     compute, t = [], start
-    for s, e in _union([(max(s, start), min(e, end)) for s, e, _op, _l in comm]):
+    for s, e in _union([(max(s, start), min(e, end)) for s, e in run.blocked(r, step)]):
         if s > t:
             compute.append((t, s))
         t = max(t, e)

@@ -115,3 +115,24 @@ def test_a_monitor_gets_every_event_even_when_it_never_polled():
     launch(train_gpt, 2, "ddp", 2, "tiny", 4, monitor=log)
     assert sorted(e["rank"] for e in log.events if e["type"] == "end") == [0, 1]
     assert len([e for e in log.events if e["type"] == "step"]) == 4
+
+
+def test_asynchronous_collectives_overlap_compute_on_the_timeline():
+    """A reduce-scatter runs while the next unit's backward computes: its wait comes later than
+    its issue, and the timeline's compute lane overlaps it (compute = the step less the waits)."""
+    from fsdp_mini.plots import compute_and_comm
+    from fsdp_mini.telemetry import Runs
+    log = EventLog()
+    launch(train_gpt, 2, "fsdp", 3, "tiny", 4, monitor=log)
+    runs = Runs()
+    runs.add(log.events)
+    run = runs.runs["fsdp"]
+    step = run.last_step()
+    scatters = [ev for ev in run.rank(0).collectives[step] if ev["op"] == "reduce_scatter"]
+    assert any(ev["waited"] > ev["start"] for ev in scatters), scatters
+    assert all(ev["waited"] == ev["start"] for ev in run.rank(0).collectives[step]
+               if ev["op"] == "all_gather")  # blocking: the rank waited from the issue on
+    start, end, compute, comm = compute_and_comm(run, 0, step)
+    overlap = sum(max(0.0, min(e, ce) - max(s, cs)) for s, e, op, _ in comm
+                  if op == "reduce_scatter" for cs, ce in compute)
+    assert overlap > 0, (compute, comm)

@@ -21,7 +21,9 @@ Events (one JSON object per line; times are Unix seconds; ``step`` is the ledger
     meta        world_size, strategy, params, theory{sent_bytes_per_step, persistent_bytes},
                 formulas{memory, sent}, units[{name, bytes}], device, backend
     memory      label, [unit, phase], total_bytes, by_category{6 categories}, [cuda{...}]
-    collective  op, unit, phase, group, label, payload_bytes, sent_bytes, start, end
+    collective  op, unit, phase, group, label, payload_bytes, sent_bytes, start, end,
+                waited (when this rank began to wait: start for a blocking one, later for an
+                asynchronous one, which ran while the rank computed)
     step        loss, start, end
     end         (the rank stopped recording)
 

@@ -97,7 +97,7 @@ class Recorder:
     def _collective(self, r: CollectiveRecord) -> None:
         self._emit("collective", step=r.step, op=r.op, unit=r.unit, phase=r.phase, group=r.group,
                    label=r.label, payload_bytes=r.payload_bytes, sent_bytes=r.sent_bytes,
-                   start=r.start, end=r.start + r.seconds)
+                   start=r.start, end=r.start + r.seconds, waited=r.start + r.waited)
 
     # -- called by the training loop ------------------------------------------------------------
 

@@ -177,6 +177,12 @@ class RunState:
                 for ev in self.rank(r).collectives.get(step, []) if ev["op"] != "barrier"]
         return step_ev["start"], step_ev["end"], sorted(comm)
 
+    def blocked(self, r: int, step: int) -> list[tuple[float, float]]:
+        """Where rank ``r`` waited for a collective in ``step`` (from its wait to its end); an
+        asynchronous collective before its wait overlapped with computation."""
+        return sorted((ev.get("waited", ev["start"]), ev["end"])
+                      for ev in self.rank(r).collectives.get(step, []) if ev["op"] != "barrier")
+
     def memory_points(self, r: int, steps: list[int]) -> list[dict]:
         pts = [ev for s in steps for ev in self.rank(r).points.get(s, [])]
         return sorted(pts, key=lambda ev: ev["time"])
