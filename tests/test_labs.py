@@ -75,3 +75,14 @@ def test_render_writes_an_executed_html_copy(tmp_path):
     html = (tmp_path / "00_setup.html").read_text()
     assert "lab config:" in html  # an output of the run, not only the source
     # (a cell ending in an error would have stopped the run: the command exits 0 only if none did)
+
+
+@pytest.mark.parametrize("path", lab_notebooks(), ids=lambda p: p.stem)
+def test_the_times_a_lab_states_are_the_readmes(path):
+    """An instructor plans with the READMEs' tables: they must say what the lab itself says."""
+    first = nbformat.read(path, as_version=4).cells[0].source
+    teach, practise = re.search(r"(\d+) min[^\n]*?(\d+) min", first).groups()
+    for readme in (ROOT / "README.md", LABS_DIR / "README.md"):
+        row = next(line for line in readme.read_text().splitlines()
+                   if line.startswith(f"| `{path.stem}"))
+        assert f"{teach} + {practise} min" in row, (readme.name, row)
