@@ -142,12 +142,14 @@ class Ranks:
         cluster, self._cluster = getattr(self, "_cluster", None), None
         if cluster is None:
             return
+        # Note: each engine's nanny is found now: once the engines exit it has another parent.
+        doomed = [c for p in self.pids for c in _children(p)] + self.pids
         try:
             cluster.stop_cluster_sync()
         except Exception:  # noqa: BLE001  (stopping must not fail: kill what is left below)
             pass
-        for pid in [c for p in self.pids for c in _children(p)] + self.pids:
-            _kill(pid)  # each engine and its nanny
+        for pid in doomed:
+            _kill(pid)  # each engine's nanny, and the engine
         _kill(self._controller_pid, group=True)  # the controller and its schedulers
         self._store = None
 
