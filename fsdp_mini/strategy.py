@@ -46,6 +46,7 @@ class Strategy:
 
     def __init__(self, module: nn.Module, comm: Comm, recorder=None):
         self.module, self.comm, self.recorder = module, comm, recorder
+        self.step_listeners: list = []  # called with no argument once a whole step is done
 
     @classmethod
     def options(cls) -> set[str]:

@@ -42,6 +42,8 @@ class ParallelOptimizer:
         loss = super().step(closure)
         engine.after_step()
         engine.comm.ledger.step_done()
+        for listener in engine.step_listeners:  # e.g. telemetry: the state is whole now
+            listener()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -1,7 +1,7 @@
 """Lab 01's helpers and checker, and lab 00's "your turn" check cell: the reference solutions
 pass, and each typical mistake is recognised and named in plain words."""
 
-import re
+import itertools
 from pathlib import Path
 
 import nbformat
@@ -46,6 +46,18 @@ def test_measure_step_counts_the_model_state_of_a_steady_step():
     assert mem.snapshots[1].by_category["activations"] > 0
 
 
+@pytest.mark.parametrize("config", [GPTConfig.tiny(), GPTConfig()], ids=["tiny", "default"])
+def test_the_phase_labels_of_a_fine_timeline_do_not_overlap(config):
+    """backward, step and zero_grad mark neighbouring bars: their labels go on rows of their own."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    fig = labs.draw_timeline(labs.measure_step(config, 1, optimizer="sgd", fine=True))
+    FigureCanvasAgg(fig).draw()
+    labels = [t for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    assert [t.get_text() for t in labels] == list(labs.lab01.PHASES)
+    boxes = [t.get_window_extent() for t in labels]
+    assert not [(a, b) for a, b in itertools.combinations(boxes, 2) if a.overlaps(b)]
+
+
 def test_fine_marks_follow_every_block_and_every_gradient():
     cfg = GPTConfig.tiny()
     model = make_model(cfg)
@@ -69,9 +81,24 @@ def test_the_reference_solution_passes_in_ci(monkeypatch):
     monkeypatch.setenv("CI", "true")
     result = labs.check_peak_predictor(labs.load_solution("01_predict_peak", "predict_peak"))
     assert result.passed, str(result)
-    assert "predicted" in str(result) and len(result.facts["cases"]) == 3
+    assert len(result.facts["cases"]) == 3
     for case in result.facts["cases"]:
         assert case["predicted"] >= case["peak"]  # the planner's sum bounds the real peak
+        assert any(f"{case['what']}: your bound" in msg and "above the measured peak" in msg
+                   for _, msg, _ in result.lines)
+    assert "the true peak is lower: the gradients appear while backward frees" in str(result)
+
+
+def test_the_notebook_calls_it_an_upper_bound_and_its_stub_is_not_written_yet(learner):
+    """The prose, the stub's docstring and the checker say one thing: an upper bound."""
+    cells = nbformat.read(ROOT / "labs" / "01_memory.ipynb", as_version=4).cells
+    stub = next(c.source for c in cells if c.source.startswith('@labs.exercise("01_predict_peak")'))
+    ns = {"labs": labs}
+    exec(stub, ns)
+    assert "upper bound" in ns["predict_peak"].__doc__
+    assert labs.not_written_yet(ns["predict_peak"])
+    prose = next(c.source for c in cells if "## 5. Your turn" in c.source)
+    assert "**upper bound**" in prose and "true peak is lower" in prose
 
 
 @pytest.mark.parametrize("fn, named", [
@@ -126,16 +153,17 @@ def test_in_ci_a_failed_check_raises_with_the_words(monkeypatch):
         labs.check_peak_predictor(per_param(8, 8, 8))
 
 
-# -- lab 00's "your turn" (checked by an assert cell in the notebook) --------------------------
+# -- lab 00's "your turn" (checked by a check cell in the notebook) ------------------------------
 
-def _lab00_your_turn():
-    """The folded solution (markdown) and the check cell that follows the stub."""
+def _lab00_cells():
+    """The exercise cell (the stub under @labs.exercise) and the check cell that follows it."""
     cells = nbformat.read(ROOT / "labs" / "00_setup.ipynb", as_version=4).cells
-    folded = next(c.source for c in cells if "<details>" in c.source)
-    solution = re.search(r"```python\n(.*?)```", folded, re.DOTALL).group(1)
+    stub = next(c.source for c in cells if c.cell_type == "code"
+                and c.source.startswith('@labs.exercise("00_mean_of_ranks")'))
     check = next(c.source for c in cells
                  if c.cell_type == "code" and "not_written_yet(mean_of_ranks)" in c.source)
-    return solution, check
+    assert not any("<details>" in c.source for c in cells), "the solution is out of sight"
+    return stub, check
 
 
 def _namespace():
@@ -147,17 +175,42 @@ def _namespace():
             "labs": labs, "cfg": cfg}
 
 
-def test_lab00_folded_solution_passes_the_check_cell(capsys):
-    solution, check = _lab00_your_turn()
+def test_lab00_in_ci_the_solution_replaces_the_stub_and_passes_the_check_cell(monkeypatch, capsys):
+    monkeypatch.setenv("CI", "true")
+    stub, check = _lab00_cells()
     ns = _namespace()
-    exec(solution, ns)
+    exec(stub, ns)
+    assert ns["mean_of_ranks"].__code__.co_filename.endswith("00_mean_of_ranks.py")
     exec(check, ns)
-    assert "✔ right: every rank holds the mean" in capsys.readouterr().out
+    assert "✔ right: every rank returned the mean, as a float" in capsys.readouterr().out
+
+
+def test_lab00_a_stub_not_started_gets_a_friendly_line(learner, capsys):
+    stub, check = _lab00_cells()
+    ns = _namespace()
+    exec(stub, ns)
+    exec(check, ns)
+    out = capsys.readouterr().out
+    assert "mean_of_ranks is not written yet" in out and "00_mean_of_ranks" in out
+
+
+def _lab00_check(fn_source):
+    """Run lab 00's check cell on a learner's mean_of_ranks written as source (at CI size)."""
+    _, check = _lab00_cells()
+    ns = _namespace()
+    exec(fn_source, ns)
+    exec(check, ns)
+
+
+SOLUTION = (ROOT / "labs" / "solutions" / "00_mean_of_ranks.py").read_text()
 
 
 def test_lab00_check_cell_names_a_missing_division():
-    solution, check = _lab00_your_turn()
-    ns = _namespace()
-    exec(solution.replace("t.item() / world_size", "t.item()"), ns)
     with pytest.raises(AssertionError, match="divide it by world_size"):
-        exec(check, ns)
+        _lab00_check(SOLUTION.replace("t.item() / world_size", "t.item()"))
+
+
+def test_lab00_check_cell_wants_a_float_not_a_tensor():
+    with pytest.raises(AssertionError, match="return the mean as a Python float, not a Tensor: "
+                                             r"t.item\(\) turns"):
+        _lab00_check(SOLUTION.replace("t.item() / world_size", "t / world_size"))

@@ -5,6 +5,8 @@ Answers that train to the end are judged together from one launch (``lab03._chec
 code path of ``check_ddp`` and ``check_buckets``); answers that raise or hang get a launch each.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -87,7 +89,7 @@ DDP_WRONG = {
     "no broadcast": ((wrapper(average_gradient, broadcast=False), average_gradient),
                      "rank 1 starts from other weights than rank 0"),
     "hooked twice": ((wrapper(average_gradient, hooks=2), average_gradient),
-                     ("each rank sent 222,720 B in a step; the formula 2(N-1)/N x 4Ψ says "
+                     ("in step 1 each rank sent 222,720 B; the formula 2(N-1)/N x 4Ψ says "
                       "111,360 B (2.00x)")),
 }
 
@@ -117,10 +119,19 @@ def test_typical_ddp_mistakes_are_named(ddp_judged, mistake):
     assert expected in _text(result), result
 
 
-def test_adam_hides_a_wrong_scale_that_sgd_shows(ddp_judged):
-    text = _text(ddp_judged["not dividing"])
-    assert "SGD with momentum the weights differ" in text
-    assert "Adam divides by the gradient's size, so it hides a wrong scale" in text
+ADAM_HINT = "Adam divides by the gradient's size, so it hides a wrong scale that SGD shows"
+
+
+@pytest.mark.parametrize("mistake", ["not dividing", "averaging twice"])
+def test_adam_hides_a_wrong_scale_that_sgd_shows(ddp_judged, mistake):
+    hinted = [msg for _ok, msg, hint in ddp_judged[mistake].lines if hint == ADAM_HINT]
+    assert len(hinted) == 1, ddp_judged[mistake]  # on SGD's line only
+    assert hinted[0].startswith("after 2 steps of SGD with momentum the weights differ"), hinted
+
+
+@pytest.mark.parametrize("mistake", ["weights", "no broadcast", "hooked twice"])
+def test_the_adam_hint_is_only_for_a_wrong_scale(ddp_judged, mistake):
+    assert ADAM_HINT not in _text(ddp_judged[mistake]), ddp_judged[mistake]
 
 
 @pytest.mark.parametrize("pair, timeout, expected", [
@@ -176,6 +187,45 @@ class AllAtTheEnd(Buckets):
         super().backward_done()
 
 
+class NoReset(Buckets):
+    def backward_done(self):  # right in step 1; the counters stay at 0 (then below) after it
+        for i, flat, handle in self.in_flight:
+            handle.wait()
+            flat.div_(self.comm.world_size)
+            for p, g in zip(self.buckets[i], flat.split([p.numel() for p in self.buckets[i]])):
+                p.grad.copy_(g.view_as(p.grad))
+        self.in_flight = []
+
+
+class Blocking(Buckets):
+    def grad_ready(self, param):  # async_op left out: backward stops until each sum is in
+        i = self.bucket_of[id(param)]
+        self.missing[i] -= 1
+        if self.missing[i] == 0:
+            flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
+            self.comm.all_reduce(flat, label=f"bucket{i}")
+            self.in_flight.append((i, flat, SimpleNamespace(wait=lambda: None)))
+
+
+class WaitsAtOnce(Buckets):
+    def grad_ready(self, param):  # async_op=True, but the handle is waited for at once
+        before = len(self.in_flight)
+        super().grad_ready(param)
+        if len(self.in_flight) > before:
+            self.in_flight[-1][2].wait()
+
+
+class PerParameter(Buckets):
+    def grad_ready(self, param):  # no bucket at all: one all-reduce per gradient
+        self.in_flight.append((param, self.comm.all_reduce(param.grad, "grad", async_op=True)))
+
+    def backward_done(self):
+        for param, handle in self.in_flight:
+            handle.wait()
+            param.grad.div_(self.comm.world_size)
+        self.in_flight = []
+
+
 class Early(Buckets):
     def grad_ready(self, param):  # launches as soon as half the bucket is there, zeros for the rest
         i = self.bucket_of[id(param)]
@@ -207,10 +257,17 @@ class Stub:
 
 
 BUCKET_WRONG = {
-    NotWaited: "all-reduce(s) per step were not waited for before backward ended",
+    NotWaited: "5 all-reduce(s) per step were not waited for in backward_done",
     NotDivided: "gradients are 2.00x too large: did you divide by the world size?",
-    AllAtTheEnd: "every bucket was launched after backward had finished: nothing overlaps",
+    AllAtTheEnd: "every bucket was launched in backward_done, after autograd had finished: "
+                 "nothing overlaps",
     Early: "was all-reduced when only",
+    NoReset: "your buckets launch right in the first step but not later: step 2 made 0 "
+             "all-reduce(s) for 5 buckets reset what you count in backward_done",
+    Blocking: "your all-reduces block (async_op=False): backward stopped for each bucket",
+    WaitsAtOnce: "you waited for each bucket right after launching it",
+    PerParameter: f"{len(list(lab03.make_model(lab03.TINY).parameters()))} all-reduce(s) in the "
+                  "first step for 5 buckets one all-reduce of one flat tensor (torch.cat) per bucket",
 }
 
 
@@ -223,7 +280,8 @@ def buckets_judged():
 def test_reference_buckets_pass_and_overlap_backward(buckets_judged):
     result = buckets_judged[Buckets]
     assert result.passed, result
-    assert "started while backward was still running (overlap)" in _text(result)
+    assert ("5 of 5 buckets per step were launched once full, with async_op=True, while backward "
+            "was still running (overlap)") in _text(result), result
 
 
 @pytest.mark.parametrize("cls", list(BUCKET_WRONG), ids=lambda c: c.__name__)
@@ -233,9 +291,43 @@ def test_typical_bucket_mistakes_are_named(buckets_judged, cls):
     assert BUCKET_WRONG[cls] in _text(result), result
 
 
-def test_a_bucket_launched_before_its_gradients_exist_is_named_and_a_stub_is_not_written():
+@pytest.mark.parametrize("cls", [AllAtTheEnd, Early, NoReset, Blocking, WaitsAtOnce,
+                                 PerParameter],
+                         ids=lambda c: c.__name__)
+def test_no_tick_contradicts_a_launch_that_went_wrong(buckets_judged, cls):
+    """A ✘ on when or how often the buckets went out comes with no ✔ on launching or overlap,
+    and the ✔ on waiting speaks of backward_done, not of "before backward ended"."""
+    result = buckets_judged[cls]
+    ticks = [msg for ok, msg, _hint in result.lines if ok]
+    assert not [m for m in ticks if "launched" in m or "overlap" in m], result
+    assert "before backward ended" not in _text(result), result
+
+
+def test_counters_not_reset_are_named_not_blamed_on_torch_cat(buckets_judged):
+    """Right in step 1, nothing in step 2: the checker says so, step by step."""
+    result = buckets_judged[NoReset]
+    text = _text(result)
+    assert "torch.cat" not in text and "2.5" not in text, text
+    assert ("after the backward of step 2 (step 1 was right), the ranks hold different "
+            "gradients") in text, text
+    assert "in step 2 each rank sent 0 B" in text, text
+
+
+def test_a_bucket_launched_before_its_gradients_exist_is_named():
     result = labs.check_buckets(OffByOne)
     text = _text(result)
     assert not result.passed and len(result.lines) == 1, text
     assert "a gradient was still None: launch a bucket once every gradient in it" in text, text
-    assert "not written yet: grad_ready and backward_done" in _text(labs.check_buckets(Stub))
+
+
+class HalfWritten(Buckets):
+    def backward_done(self):
+        ...
+
+
+@pytest.mark.parametrize("cls, names", [(Stub, "__init__, grad_ready and backward_done"),
+                                        (HalfWritten, "backward_done")])
+def test_every_unwritten_method_is_named_without_starting_ranks(cls, names):
+    result = labs.check_buckets(cls)
+    assert not result.passed and len(result.lines) == 1, result
+    assert f"not written yet: {names} (still `...`)" in _text(result), result

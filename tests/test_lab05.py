@@ -4,6 +4,9 @@ Wrong answers are small subclasses of the reference unit (or variants of the ref
 reduction), each wrong in one way a learner might be. (Under CI=true a failed check raises.)
 """
 
+from pathlib import Path
+
+import nbformat
 import pytest
 import torch
 
@@ -127,7 +130,42 @@ def test_forgetting_the_padding():
                 self.comm.all_gather(self.full, self.shard, label=self.tag())
 
     said = complaint(labs.check_unit, NoPadding)
-    assert "whose storage has room for 15: did you forget the padding?" in said
+    assert ("all_gather into a tensor of 16 elements, but its storage has room for 15 elements, "
+            "the unit's parameters without the padding" in said)
+    assert "padded to 16 elements, a multiple of N" in said and "not of elements" not in said
+    assert "element_size()" not in said  # a hint, not the code
+
+
+def test_sizing_the_storage_in_elements_is_told_resize_takes_bytes():
+    class Elements(Unit):
+        def unshard(self):
+            if not self.is_gathered:
+                self.full.untyped_storage().resize_(self.full.numel())
+                self.comm.all_gather(self.full, self.shard, label=self.tag())
+
+    said = complaint(labs.check_unit, Elements)
+    assert ("all_gather into a tensor of 15 elements, but its storage has 15 B, room for 3 "
+            "elements of 4 B: resize_ takes a number of bytes, not of elements" in said)
+    assert "Hint: how many bytes is one element?" in said
+    assert "padding" not in said and "element_size()" not in said
+
+
+def test_a_storage_too_small_before_forward_is_named_too():
+    class NoGather(Unit):  # resizes (in elements) but never gathers: the forward's check says it
+        def unshard(self):
+            if not self.is_gathered:
+                self.full.untyped_storage().resize_(self.full.numel())
+
+    said = complaint(labs.check_unit, NoGather)
+    assert ("unit 'root': after unshard, self.full holds 15 elements but its storage has 15 B" in said
+            and "resize_ takes a number of bytes, not of elements" in said)
+
+
+def test_the_interactive_ranks_use_the_labs_backend_and_device():
+    nb = nbformat.read(Path(labs.__file__).parents[2] / "labs" / "05_fsdp.ipynb", as_version=4)
+    text = "\n".join(c.source for c in nb.cells)
+    assert "labs.start_ranks(N, backend=cfg.backend)" in text and "start_ranks(N)" not in text
+    assert "make_model(gpt).to(device)" in text and "device = fsdp_mini.rank_device()" in text
 
 
 def test_reduce_scatter_without_averaging():

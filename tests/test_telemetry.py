@@ -136,3 +136,18 @@ def test_asynchronous_collectives_overlap_compute_on_the_timeline():
     overlap = sum(max(0.0, min(e, ce) - max(s, cs)) for s, e, op, _ in comm
                   if op == "reduce_scatter" for cs, ce in compute)
     assert overlap > 0, (compute, comm)
+
+
+def test_the_model_state_on_the_dashboard_is_sampled_after_the_whole_step():
+    """zero1 frees its reduce-scattered gradient shard after torch's step: sampling in torch's
+    post-step hook read 4Ψ/N too much. The state shown must be the formula's (AdamW's step
+    counters, a few bytes per parameter tensor, are all the formula leaves out)."""
+    from fsdp_mini.telemetry import Runs
+    log = EventLog()
+    launch(train_gpt, 2, "zero1", 2, "tiny", 4, monitor=log)
+    runs = Runs()
+    runs.add(log.events)
+    run = runs.runs["zero1"]
+    for r in run.rank_ids():
+        extra = run.persistent(r) - run.theory_persistent()
+        assert 0 <= extra < 1024, (r, extra)

@@ -1,6 +1,7 @@
-"""What the checkers of labs 04 and 05 share: a small net and its data, training it step by step,
+"""What labs 04 and 05 share. For the checkers: a small net and its data, training it step by step,
 running the learner's code on ranks (a failure becomes one ✘ line), and comparing the ranks'
-states with one another and with one process trained on the whole batch.
+states with one another and with one process trained on the whole batch. For the measurements:
+``measure_strategies``, the GPT trained under several strategies on each rank.
 
 Note: SGD with momentum beside AdamW, because AdamW divides each update by the gradient's own size
 and so hides a gradient that is N times too large.
@@ -9,13 +10,17 @@ and so hides a gradient that is N times too large.
 from __future__ import annotations
 
 import re
+import shutil
+import statistics
 from functools import partial
 
 import torch
 from torch import nn
 
 from ..launcher import LaunchError, LaunchTimeoutError, launch
+from ..registry import register_strategy
 from ..strategy import Strategy
+from ..telemetry import Recorder
 from .exercise import not_written_yet
 from .report import CheckResult
 
@@ -77,9 +82,11 @@ def run_ranks(result: CheckResult, fn, world_size: int, *args):
     try:
         return launch(fn, world_size, *args, backend="gloo", timeout=CHECK_TIMEOUT, deadline=180)
     except LaunchTimeoutError as e:
+        forget_logs(e)
         result.wrong(str(e).splitlines()[0][:400], hint="a rank waits in a collective another rank "
                      "never issued: every rank must call the same collectives in the same order")
     except LaunchError as e:
+        forget_logs(e)
         kind = str(e.exc_type).rsplit(".", 1)[-1]
         result.wrong(f"rank {e.rank} raised {kind}: {(e.message or '').strip()[:500]}"
                      + where(e.traceback), hint="is a collective under an `if` on the rank?"
@@ -123,3 +130,70 @@ def compare_states(result, label, runs, ref, init, tol=1e-5) -> bool:
     result.wrong(f"{label}: {worst[1]!r} differs from one-process training by {worst[0]:.2g} "
                  f"(relative) after step {worst[2]}" + why)
     return False
+
+
+def measure_strategies(rank, world_size, strategies, steps=3, model="tiny", global_batch=4):
+    """Train the GPT under each strategy in turn (names, or your classes: registered here), with
+    AdamW. Per strategy, this rank's ``sent`` bytes and collective ``calls`` in the last step,
+    median step ``seconds``, ``state`` (params + grads + optimizer state after the step, from
+    ``track_memory``) with ``by_category`` and the ``peak`` by category, the ``activations``
+    autograd saves during a forward (``LiveMemory``), ``expected`` (the formulas) and ``losses``.
+    It also writes telemetry, one run per strategy, for a monitor (``Comparison``, ``Dashboard``).
+    """
+    from ..api import expected_costs, parallelize
+    from ..launcher import rank_device
+    from ..memory import PERSISTENT
+    from ..models import GPTConfig, SyntheticText, make_model
+    from ..telemetry import LiveMemory
+    from ..training import train
+    device = rank_device()
+    cfg = GPTConfig.tiny() if model == "tiny" else GPTConfig()
+    data = SyntheticText(cfg.vocab_size, cfg.block_size)
+
+    def batches(step):
+        return tuple(t.to(device) for t in data.local_batch(step, global_batch, rank, world_size))
+
+    out = {}
+    for strategy in strategies:
+        if isinstance(strategy, type):
+            strategy = register_strategy(strategy).strategy
+        rec = Recorder.from_env(run=strategy)
+        net = make_model(cfg).to(device)
+        net, opt = parallelize(net, strategy, units=list(net.blocks), recorder=rec,
+                               optimizer=partial(torch.optim.AdamW, lr=1e-3))
+        run = train(net, opt, batches, steps, recorder=rec, track_memory_at=steps - 1)
+        rec.close()
+        ledger = net.fsdp_mini.comm.ledger
+        calls = len(ledger.select(step=ledger.steps()[-1]))  # the last training step's
+        after = next(s.by_category for s in run.memory.snapshots if s.label == "after_step")
+        live = LiveMemory(net, opt)
+        with live:  # Note: one more forward, to read what autograd keeps for backward
+            loss = net(*batches(0))[1]
+            activations = live.sample()[1]["activations"]
+        loss.backward()
+        opt.zero_grad()
+        out[strategy] = {
+            "sent": run.sent_bytes[-1], "calls": calls,
+            "seconds": statistics.median(run.step_seconds[1:-1] or run.step_seconds),
+            "state": sum(after[c] for c in PERSISTENT), "by_category": after,
+            "peak": run.memory.peak_by_category, "activations": activations,
+            "expected": expected_costs(net), "losses": run.losses}
+    return out
+
+
+def forget_logs(err: LaunchError) -> None:
+    """Remove the logs ``launch`` keeps after a failure: the checker's ✘ line says what a learner
+    needs, and a checker leaves no folder behind."""
+    if getattr(err, "log_dir", None):
+        shutil.rmtree(err.log_dir, ignore_errors=True)
+
+
+def explain_failure(result, err, timeout, hang_hint, raise_hint=None) -> CheckResult:
+    """A ✘ line for a rank that raised or hung: what a learner needs, not the traceback."""
+    if isinstance(err, LaunchTimeoutError):
+        return result.wrong(f"the ranks did not finish: rank {err.rank} waited {timeout:g} s for "
+                            f"a message or collective that never came", hint=hang_hint)
+    message = re.sub(r"\s+", " ", str(err.message)).strip()[:400]
+    kind = "" if str(err.exc_type).endswith("ExerciseRaised") else f"{err.exc_type}: "
+    return result.wrong(f"your code raised on rank {err.rank}: {kind}{message}",
+                        hint=raise_hint or "the line above says which; fix it and run it again")

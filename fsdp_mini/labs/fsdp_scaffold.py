@@ -11,7 +11,6 @@ from __future__ import annotations
 import weakref
 
 import torch
-from torch import nn
 from torch.autograd import Variable
 from torch.utils._pytree import tree_leaves
 
@@ -40,7 +39,7 @@ class FSDPUnit:
     """
 
     def __init__(self, fsdp, module, name, slots, is_root):
-        self.fsdp, self.comm, self.name, self.is_root = fsdp, _Roomy(fsdp.comm), name, is_root
+        self.fsdp, self.comm, self.name, self.is_root = fsdp, _Roomy(fsdp.comm, self), name, is_root
         self.layout = FlatLayout(slots, self.comm.world_size)
         self.numel, self.padded_numel = self.layout.numel, self.layout.padded_numel
         with torch.no_grad():
@@ -107,12 +106,13 @@ class FSDPUnit:
     def _pre_forward(self, module, args) -> None:
         self.phase = "forward"
         self.pre_forward()
-        full, need = getattr(self, "full", None), self.padded_bytes
-        have = 0 if full is None else full.untyped_storage().nbytes()
-        if full is None or full.numel() != self.padded_numel or have < need:
-            raise RuntimeError(f"unit {self.name!r}: after unshard, self.full holds {have} B but "
-                               f"the unit needs {need} B ({self.numel} parameters padded to "
-                               f"{self.padded_numel}, a multiple of N). Did you forget the padding?")
+        full = getattr(self, "full", None)
+        if full is None or full.numel() != self.padded_numel:
+            raise RuntimeError(f"unit {self.name!r}: after unshard, self.full must still be the "
+                               f"scaffold's tensor of {self.padded_numel} elements: gather into it")
+        if full.untyped_storage().nbytes() < self.padded_bytes:
+            raise RuntimeError(f"unit {self.name!r}: after unshard, self.full holds "
+                               f"{full.numel()} elements but " + _room_problem(full, self.numel))
         self._saved = weakref.ref(full.untyped_storage())
         # Note: a fresh tensor over the same storage, with its own version counter: the
         # all-gather before backward writes into self.full, which autograd must not take for an
@@ -171,30 +171,42 @@ class FSDPUnit:
 
 
 class _Roomy:
-    """The kit's comm, plus a check that a buffer has room for what a collective writes into it:
-    into a storage that is too small it would write over other memory instead of raising."""
+    """The kit's comm; it checks an output has room (writing past a storage corrupts memory)."""
 
-    def __init__(self, comm):
-        self._comm = comm
+    def __init__(self, comm, unit):
+        self._comm, self._unit = comm, unit
 
     def __getattr__(self, name):
         return getattr(self._comm, name)
 
     def all_gather(self, output, shard, label, async_op=False):
-        _check_room(output, "all_gather")
+        self._check_room(output, "all_gather")
         return self._comm.all_gather(output, shard, label, async_op)
 
     def reduce_scatter(self, output, full, label, async_op=False):
-        _check_room(output, "reduce_scatter")
+        self._check_room(output, "reduce_scatter")
         return self._comm.reduce_scatter(output, full, label, async_op)
 
+    def _check_room(self, t: torch.Tensor, op: str) -> None:
+        if t.untyped_storage().nbytes() < (t.storage_offset() + t.numel()) * t.element_size():
+            unpadded = self._unit.numel if t.numel() == self._unit.padded_numel else None
+            raise RuntimeError(f"{op} into a tensor of {t.numel()} elements, but "
+                               + _room_problem(t, unpadded))
 
-def _check_room(t: torch.Tensor, op: str) -> None:
-    room = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
-    if room < t.numel():
-        raise RuntimeError(f"{op} into a tensor of {t.numel()} elements whose storage has room for "
-                           f"{max(room, 0)}: did you forget the padding? Size the storage for the "
-                           f"whole padded buffer: self.full.numel() * self.full.element_size()")
+
+def _room_problem(t: torch.Tensor, unpadded: int | None = None) -> str:
+    """Why ``t``'s storage is too small, with a hint (not the code): bytes sized in elements
+    (36 B for 36 float32), the padding left out (room for 35 of 36), or anything else."""
+    es, numel = t.element_size(), t.numel()
+    room = (nbytes := t.untyped_storage().nbytes() - t.storage_offset() * es) // es
+    if es > 1 and nbytes in (numel, unpadded):
+        return (f"its storage has {nbytes} B, room for {room} elements of {es} B: resize_ takes "
+                f"a number of bytes, not of elements. Hint: how many bytes is one element?")
+    if room == unpadded:
+        return (f"its storage has room for {room} elements, the unit's parameters without the "
+                f"padding. Hint: the buffer is padded to {numel} elements, a multiple of N (every "
+                f"rank's shard the same size): size the storage for all of them")
+    return f"its storage has room for {max(room, 0)} of them. Hint: size it for all, in bytes"
 
 
 class _Unflatten(torch.autograd.Function):
@@ -286,19 +298,3 @@ class FSDPScaffold(Strategy):
             return fsdp_sent_bytes(sizes, n, es)
         return (ring_bytes("all_reduce", self.padded_numel() * es, n) + sum(
             ring_bytes("all_gather", u.trainable * es, n) * (1 + u.gathered_in_backward) for u in sizes))
-
-
-# -- the checkers of lab 05 -----------------------------------------------------------------------
-
-class UnitNet(nn.Module):
-    """``first`` (4→7, 35 parameters) and ``middle`` (7→4, 32) are units; the root keeps ``head``
-    (4→3, 15). At N = 2, ``first`` and the root need padding."""
-
-    def __init__(self):
-        super().__init__()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            self.first, self.middle, self.head = nn.Linear(4, 7), nn.Linear(7, 4), nn.Linear(4, 3)
-
-    def forward(self, x):
-        return self.head(torch.tanh(self.middle(torch.tanh(self.first(x)))))

@@ -13,20 +13,17 @@ of 4 B; reduce-scatter 2 steps x 4 B, all-gather 2 steps x 4 B: 16 B = 2(3-1)/3 
 from __future__ import annotations
 
 import math
-import re
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
-from matplotlib.figure import Figure
 
-from ..comm import Comm
-from ..launcher import LaunchError, LaunchTimeoutError, launch, rank_device
-from ..telemetry.units import busbw_factor, fmt_bytes, fmt_rate, fmt_seconds
+from ..launcher import LaunchError, launch
+from ..telemetry.units import fmt_bytes
 from .exercise import not_written_yet
+from .checking import explain_failure, forget_logs
 from .report import CheckResult
 
+from .bandwidth import all_reduce_sweep, bandwidth_summary, plot_bandwidth
 __all__ = ["all_reduce_sweep", "bandwidth_summary", "check_ring_all_reduce", "plot_bandwidth",
            "ring_input", "show_collective"]
 
@@ -53,14 +50,14 @@ class ExerciseRaised(RuntimeError):
 
 class _Messages:
     """The ``send`` and ``recv`` a learner's ring gets: point-to-point calls (ranks 0..n-1 of
-    the ring being checked) that count the bytes this rank sends.
+    the ring being checked) that count the bytes this rank sends, and the sends not waited for.
 
     Note: each message is preceded by its size (not counted), so a recv into a tensor of another
     size is recorded in ``mismatch`` instead of aborting the process (gloo aborts then)."""
 
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size, self.sent_bytes, self.mismatch = rank, world_size, 0, ""
-        self._pending: list[_Request] = []  # Note: waited at the end if the learner did not
+        self.requests: list[_Request] = []
 
     def _peer(self, peer, what: str) -> int:
         if isinstance(peer, int) and 0 <= peer < self.world_size and peer != self.rank:
@@ -69,13 +66,13 @@ class _Messages:
                          f"ranks 0..{self.world_size - 1} (use (rank + 1) % world_size)")
 
     def send(self, tensor: torch.Tensor, to: int):
-        """Start sending ``tensor`` to rank ``to``; returns a request (``.wait()`` optional)."""
+        """Start sending ``tensor`` to rank ``to``; returns a request: call its ``.wait()``."""
         # Note: non-blocking (isend), so every rank can send first and receive second.
         to, data = self._peer(to, "send to"), tensor.detach().contiguous()
         size = torch.tensor([data.numel()], dtype=torch.int64)
         request = _Request(dist.isend(size, to, tag=1), dist.isend(data, to, tag=0), size, data)
         self.sent_bytes += data.numel() * data.element_size()
-        self._pending.append(request)
+        self.requests.append(request)
         return request
 
     def recv(self, tensor: torch.Tensor, frm: int) -> None:
@@ -92,21 +89,24 @@ class _Messages:
             self.mismatch = self.mismatch or (f"rank {frm} sent {sent} elements, rank "
                                               f"{self.rank} received them into {tensor.numel()}")
 
-    def finish(self) -> None:
-        for request in self._pending:
+    def finish(self) -> int:
+        """Wait for the sends still in flight; return how many the learner never waited for."""
+        unwaited = sum(not request.waited for request in self.requests)
+        for request in self.requests:
             request.wait()
+        return unwaited
 
 
 class _Request:
     """A send in flight; ``wait()`` may be called twice (gloo's own request hangs then)."""
 
     def __init__(self, *works_and_buffers):  # Note: buffers live until the send is done
-        self._held = works_and_buffers
+        self._held, self.waited = works_and_buffers, False
 
     def wait(self) -> None:
         for work in self._held[:2]:
             work.wait()
-        self._held = ()
+        self._held, self.waited = (), True
 
 
 def ring_input(rank: int, world_size: int, size: int) -> torch.Tensor:
@@ -124,20 +124,22 @@ def _ring_on_rank(rank, world, fns, world_sizes, sizes):
                     x, messages = ring_input(rank, n, size), _Messages(rank, n)
                     try:
                         returned = fn(x, rank, n, messages.send, messages.recv)
-                        messages.finish()
+                        unwaited = messages.finish()
                     except Exception as e:  # noqa: BLE001  (named by _explain_failure)
                         raise ExerciseRaised(f"[{n} ranks, {size} elements] "
                                              f"{type(e).__name__}: {e}") from None
                     got = returned if isinstance(returned, torch.Tensor) else x
                     out[k].append({"n": n, "size": size, "got": got.detach().float().clone(),
-                                   "sent": messages.sent_bytes, "mismatch": messages.mismatch})
+                                   "sent": messages.sent_bytes, "mismatch": messages.mismatch,
+                                   "unwaited": unwaited, "sends": len(messages.requests)})
                 dist.barrier()
     return out
 
 
 def check_ring_all_reduce(fn, world_sizes=(2, 3), sizes=RING_SIZES, timeout=20) -> CheckResult:
     """Run ``fn(tensor, rank, world_size, send, recv)`` on each world size and tensor size; check
-    that every rank ends with the sum, and sends 2(N-1)/N x the payload (as a ring does)."""
+    that every rank ends with the sum, sends 2(N-1)/N x the payload (as a ring does) and waits
+    for each of its sends."""
     return _check_rings([fn], world_sizes, sizes, timeout)[0].finish()
 
 
@@ -155,12 +157,13 @@ def _check_rings(fns, world_sizes=(2, 3), sizes=RING_SIZES, timeout=20) -> list[
                           tuple(sizes), backend="gloo", timeout=timeout) if todo else []
     except LaunchError as err:
         for k in todo:
-            _explain_failure(results[k], err, timeout, "a recv waits for a send that never "
+            explain_failure(results[k], err, timeout, "a recv waits for a send that never "
                              "comes: does every rank make the same number of steps, and does "
                              "every send to rank r+1 meet a recv from rank r-1?")
+        forget_logs(err)
         return results
     for j, k in enumerate(todo):
-        cases: dict = {}
+        cases: dict = {}  # (ranks, elements) -> what each rank of that ring did, by rank
         for c in (c for rank_out in per_rank for c in rank_out[j]):
             cases.setdefault((c["n"], c["size"]), []).append(c)
         for (n, size), what in [(key, c["mismatch"]) for key, v in cases.items() for c in v
@@ -169,19 +172,9 @@ def _check_rings(fns, world_sizes=(2, 3), sizes=RING_SIZES, timeout=20) -> list[
                              f"ranks: {what})", hint="both sides must use the same chunk index")
         _check_sums(results[k], cases)
         _check_bytes(results[k], cases)
+        _check_waits(results[k], cases)
         results[k].facts["sent_bytes"] = {key: [c["sent"] for c in v] for key, v in cases.items()}
     return results
-
-
-def _explain_failure(result, err, timeout, hang_hint, raise_hint=None) -> CheckResult:
-    """A ✘ line for a rank that raised or hung: what a learner needs, not the traceback."""
-    if isinstance(err, LaunchTimeoutError):
-        return result.wrong(f"the ranks did not finish: rank {err.rank} waited {timeout:g} s for "
-                            f"a message or collective that never came", hint=hang_hint)
-    message = re.sub(r"\s+", " ", str(err.message)).strip()[:400]
-    kind = "" if str(err.exc_type).endswith("ExerciseRaised") else f"{err.exc_type}: "
-    return result.wrong(f"your code raised on rank {err.rank}: {kind}{message}",
-                        hint=raise_hint or "the line above says which; fix it and run it again")
 
 
 def _check_sums(result, cases) -> None:
@@ -204,12 +197,19 @@ def _check_sums(result, cases) -> None:
                      hint="cut the tensor with tensor.tensor_split(world_size): chunks that "
                           "differ by at most one element, none lost")
     elif same_shape and all(0 < int((g == want).sum()) <= math.ceil(size / n) for g in got):
-        owned = [(g == want).nonzero().flatten().tolist() for g in got]
-        result.wrong(f"only one chunk per rank holds the full sum ({where}: " + ", ".join(
-                     f"rank {r} elements {o[0]}-{o[-1]}" for r, o in enumerate(owned)) +
-                     "): that is where the reduce-scatter phase leaves it",
-                     hint="add the all-gather phase: N-1 more steps passing each summed chunk "
-                          "on around the ring, copying (not adding) what arrives")
+        owned = ", ".join(f"rank {r} elements {o[0]}-{o[-1]}" for r, o in enumerate(
+            (g == want).nonzero().flatten().tolist() for g in got))
+        # Note: every input is positive, so a partial sum is below the sum and sum + more above
+        if all(bool((g >= want).all()) for g in got):
+            result.wrong(f"only one chunk per rank holds the full sum ({where}: {owned}); the "
+                         f"other chunks hold more than the sum: the all-gather phase adds what "
+                         f"arrives", hint="in the all-gather phase, copy what arrives (recv "
+                         "straight into the chunk); do not add it: it is already the full sum")
+        else:
+            result.wrong(f"only one chunk per rank holds the full sum ({where}: {owned}): that "
+                         f"is where the reduce-scatter phase leaves it",
+                         hint="add the all-gather phase: N-1 more steps passing each summed "
+                              "chunk on around the ring, copying (not adding) what arrives")
     else:
         bad = [r for r, g in enumerate(got) if not torch.equal(g, want)]
         g = got[bad[0]].flatten()
@@ -244,56 +244,13 @@ def _check_bytes(result, cases) -> None:
               f"for {fmt_bytes(4 * big[1])} on {big[0]} ranks, as a ring does")
 
 
-# -- bandwidth against message size -----------------------------------------------------------
-
-def all_reduce_sweep(rank: int, world_size: int, sizes, repeats: int = 5) -> list[dict]:
-    """Time all-reduces of ``sizes`` bytes (float32) through :class:`fsdp_mini.Comm`; per size
-    the median over ``repeats`` of the slowest rank, with algbw and busbw (nccl-tests)."""
-    comm, device, rows = Comm(), rank_device(), []
-    for nbytes in sizes:
-        x, seconds = torch.ones(max(1, int(nbytes) // 4), device=device), []
-        for i in range(repeats + 1):  # Note: the first is a warm-up, not timed
-            comm.barrier()  # start together, so one rank's late arrival is not timed
-            start = time.perf_counter()
-            comm.all_reduce(x, label=f"sweep {fmt_bytes(4 * x.numel())}")
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)  # Note: the host returns before the GPU is done
-            seconds += [time.perf_counter() - start] if i else []
-        t = torch.tensor([statistics.median(seconds)], dtype=torch.float64, device=device)
-        if world_size > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-        payload, algbw = 4 * x.numel(), 4 * x.numel() / float(t)
-        rows.append({"bytes": payload, "seconds": float(t), "algbw": algbw,
-                     "busbw": algbw * busbw_factor("all_reduce", world_size)})
-    return rows
-
-
-def bandwidth_summary(rows: list[dict], half: float = 0.5) -> dict:
-    """From a sweep: the latency floor (time of the smallest message), the peak busbw, and the
-    smallest size that reaches ``half`` of it (Hockney's n½: below it, latency dominates)."""
-    if not rows:
-        raise ValueError("no rows: run all_reduce_sweep first")
-    rows, peak = sorted(rows, key=lambda r: r["bytes"]), max(r["busbw"] for r in rows)
-    n_half = next(r["bytes"] for r in rows if r["busbw"] >= half * peak)
-    return {"latency_floor": rows[0]["seconds"], "peak_busbw": peak, "n_half": n_half}
-
-
-def plot_bandwidth(rows: list[dict], marks: dict | None = None) -> Figure:
-    """Time and busbw against message size, log-log; ``marks`` {label: bytes} adds lines."""
-    rows, summary = sorted(rows, key=lambda r: r["bytes"]), bandwidth_summary(rows)
-    fig, sizes = Figure(figsize=(11, 3.6), layout="constrained"), [r["bytes"] for r in rows]
-    ax_t, ax_b = fig.subplots(1, 2)
-    ax_t.loglog(sizes, [r["seconds"] * 1e6 for r in rows], "o-", color="#F4A261")
-    ax_t.axhline(summary["latency_floor"] * 1e6, color="grey", ls=":",
-                 label=f"latency floor {fmt_seconds(summary['latency_floor'])}")
-    ax_t.set(xlabel="message size (bytes)", ylabel="µs per all-reduce", title="Time: flat "
-             "(latency) for small messages, then ∝ size")
-    ax_b.semilogx(sizes, [r["busbw"] / 1e9 for r in rows], "o-", color="#2A9D8F")
-    ax_b.axvline(summary["n_half"], color="grey", ls=":",
-                 label=f"half of peak from {fmt_bytes(summary['n_half'])}")
-    ax_b.set(xlabel="message size (bytes)", ylabel="busbw (GB/s)",
-             title=f"Bus bandwidth (peak {fmt_rate(summary['peak_busbw'])})")
-    for label, nbytes in (marks or {}).items():
-        ax_b.axvline(nbytes, color="#C44E52", ls="--", label=label)
-    ax_t.legend(fontsize=8), ax_b.legend(fontsize=8)
-    return fig
+def _check_waits(result, cases) -> None:
+    late = [(r, c) for _, v in sorted(cases.items()) for r, c in enumerate(v) if c["unwaited"]]
+    if not late:
+        return result.ok("every rank waited for each of its sends (request.wait())")
+    r, c = late[0]
+    result.wrong(f"rank {r} never called .wait() on {c['unwaited']} of the {c['sends']} requests "
+                 f"its sends returned ({c['size']} elements on {c['n']} ranks)",
+                 hint="send only starts a message: until request.wait() returns it may still be "
+                      "reading your chunk, and a chunk changed meanwhile sends wrong numbers. "
+                      "Wait for each send once that step's recv is done")

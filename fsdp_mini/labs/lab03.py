@@ -9,131 +9,47 @@ one process on the whole batch and against ``torch.nn.parallel.DistributedDataPa
 from __future__ import annotations
 
 from functools import partial
-from types import SimpleNamespace
 
 import torch
 
-from ..buckets import BucketScheduler, grad_ready_order, split_into_buckets
-from ..comm import broadcast_module_states
 from ..launcher import LaunchError, launch
 from ..models import GPTConfig, SyntheticText, make_model
-from ..strategy import Strategy
-from ..theory import ddp_sent_bytes
 from ..training import train
+from .checking import explain_failure, forget_logs
 from .exercise import not_written_yet
-from .lab02 import _explain_failure
 from .report import CheckResult
 
+from .ddp_scaffold import bucketed_ddp_strategy, ddp_strategy
 __all__ = ["bucketed_ddp_strategy", "check_buckets", "check_ddp", "ddp_strategy"]
 
-CHECK_STEPS, TINY = 2, GPTConfig.tiny()  # the model every check trains
-OPTIMIZERS = {"SGD with momentum": partial(torch.optim.SGD, lr=0.05, momentum=0.9),
+CHECK_STEPS, TINY, SGD = 2, GPTConfig.tiny(), "SGD with momentum"  # what every check trains
+OPTIMIZERS = {SGD: partial(torch.optim.SGD, lr=0.05, momentum=0.9),
               "AdamW": partial(torch.optim.AdamW, lr=1e-3)}
 
 
-class _Watch:
-    """The ``comm`` your code gets: the kit's Comm, plus notes on all-reduces for the checker."""
-
-    def __init__(self, comm, strategy):
-        self._comm, self._strategy, self.notes = comm, strategy, []
-
-    def __getattr__(self, name):  # rank, world_size, ledger, broadcast, all_gather, ...
-        return getattr(self._comm, name)
-
-    def all_reduce(self, tensor, label="all_reduce", async_op=False, op="sum"):
-        weights = any(p.data_ptr() == tensor.data_ptr() for p in self._strategy.module.parameters())
-        note = {"weights": weights, "waited": not async_op, "step": self._comm.ledger.step,
-                **self._strategy.launch_note(tensor)}
-        self.notes.append(note)
-        handle = self._comm.all_reduce(tensor, label, async_op=async_op, op=op)
-        return handle and SimpleNamespace(  # Note: a handle that tells the checker it was waited
-            wait=lambda: (handle.wait(), note.__setitem__("waited", True)))
-
-
-def ddp_strategy(wrap_ddp, name: str = "my_ddp") -> type[Strategy]:
-    """A Strategy class: ``parallelize(model, it)`` calls ``wrap_ddp(module, comm)`` to wrap."""
-
-    class MyDDP(Strategy):
-        strategy, traffic = name, "2Ψ"
-
-        def __init__(self, module, comm, recorder=None):
-            super().__init__(module, comm, recorder)
-            self.watch = _Watch(comm, self)
-            module.register_forward_hook(lambda *_: self.mark(name, "forward_done"))
-            wrap_ddp(module, self.watch)
-
-        launch_note = staticmethod(lambda tensor: {})  # what the checker learns of an all-reduce
-
-        def sent_bytes_per_step(self) -> float:
-            return ddp_sent_bytes(self.numel()[0], self.comm.world_size, self.element_size())
-
-    return MyDDP
-
-
-def bucketed_ddp_strategy(buckets_class, bucket_mb=0.03, name="my_bucket_ddp") -> type[Strategy]:
-    """A Strategy class: rank 0's weights everywhere, buckets of about ``bucket_mb`` MiB (in the
-    order gradients arrive) and your class: ``buckets_class(buckets, comm)``, ``.grad_ready(param)``
-    as each gradient is accumulated, ``.backward_done()`` once backward is over."""
-
-    class MyBucketDDP(ddp_strategy(broadcast_module_states, name)):  # Note: rank 0's weights
-
-        def __init__(self, module, comm, recorder=None):
-            super().__init__(module, comm, recorder)
-            self.buckets = split_into_buckets(grad_ready_order(module), int(bucket_mb * 2**20))
-            self.learner = buckets_class(self.buckets, self.watch)
-            self._ready, self._launched, self._ending = set(), set(), False
-            # Note: the kit's scheduler only hooks the gradients and finds the end of backward;
-            # when to launch a bucket is for your class to decide (its on_ready does nothing).
-            self.scheduler = BucketScheduler(self.buckets, lambda i: None, self._backward_end,
-                                             self._grad_ready)
-
-        def _grad_ready(self, i: int, j: int) -> None:
-            self._ready.add(id(self.buckets[i][j]))
-            self.learner.grad_ready(self.buckets[i][j])
-
-        def _backward_end(self) -> None:
-            self._ending = True
-            self.mark(name, "backward_end")  # autograd is done; your backward_done runs now
-            self.learner.backward_done()
-            for note in self.watch.notes:
-                note.setdefault("waited_in_time", note["waited"])
-            self._ready, self._launched, self._ending = set(), set(), False
-            self.mark(name, "grads_averaged")
-
-        def launch_note(self, tensor) -> dict:
-            """Which bucket an all-reduce of this size is, and how full it was at launch."""
-            fits = [i for i, b in enumerate(self.buckets)
-                    if i not in self._launched and sum(p.numel() for p in b) == tensor.numel()]
-            i = next((i for i in fits if all(id(p) in self._ready for p in self.buckets[i])),
-                     fits[0] if fits else None)
-            if i is not None:
-                self._launched.add(i)
-                self.mark(f"bucket{i}", "launched")
-            bucket = self.buckets[i] if i is not None else []
-            return {"bucket": i, "ready": sum(id(p) in self._ready for p in bucket),
-                    "of": len(bucket), "in_hook": not self._ending}
-
-    return MyBucketDDP
-
-
-def _batch(step, rank, world_size, global_batch):
+def _batches(rank, world_size, global_batch):
     data = SyntheticText(TINY.vocab_size, TINY.block_size)
-    return data.local_batch(step, global_batch, rank, world_size)
+    return lambda step: data.local_batch(step, global_batch, rank, world_size)
 
 
 def _train(model, opt, batches, steps) -> dict:
-    """Train; return the start, the gradients of the first step, the end, bytes sent per step."""
-    run = {"start": {k: v.clone() for k, v in model.state_dict().items()}}
-    opt.register_step_pre_hook(lambda *_: None if "grads" in run else run.update(grads={
-        n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-    run["sent"] = train(model, opt, batches, steps).sent_bytes
+    """Train; return the start, each step's gradients and bytes sent (this rank), the end."""
+    run = {"start": {k: v.clone() for k, v in model.state_dict().items()}, "grads": [], "sent": []}
+    opt.register_step_pre_hook(lambda *_: run["grads"].append(
+        {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    ours = getattr(model, "fsdp_mini", None)
+    for step in range(steps):  # Note: one at a time, so that a step that sends nothing shows 0 B
+        if ours is not None:
+            ours.watch.step, before = step + 1, ours.comm.ledger.sent_bytes()
+        train(model, opt, lambda _, step=step: batches(step), 1)
+        run["sent"].append(ours.comm.ledger.sent_bytes() - before if ours else 0.0)
     return {**run, "state": model.state_dict()}
 
 
 def _train_on_rank(rank, world_size, classes, steps, with_torch_ddp):
     """Train under each strategy class with each optimizer, from a rank-dependent start."""
     from ..api import parallelize
-    out, batches = {"runs": []}, lambda step: _batch(step, rank, world_size, 4 * world_size)
+    out, batches = {"runs": []}, _batches(rank, world_size, 4 * world_size)
     for cls in classes:
         out["runs"].append({})
         for opt_name, optimizer in OPTIMIZERS.items():
@@ -146,7 +62,7 @@ def _train_on_rank(rank, world_size, classes, steps, with_torch_ddp):
     if with_torch_ddp:
         from torch.nn.parallel import DistributedDataParallel
         model = DistributedDataParallel(make_model(TINY, seed=0))
-        train(model, OPTIMIZERS["SGD with momentum"](model.parameters()), batches, steps)
+        train(model, OPTIMIZERS[SGD](model.parameters()), batches, steps)
         out["torch_ddp"] = model.module.state_dict()
     out["reference"] = _reference(steps, world_size) if rank == 0 else None  # Note: 1 thread here
     return out
@@ -155,9 +71,8 @@ def _train_on_rank(rank, world_size, classes, steps, with_torch_ddp):
 def _reference(steps, world_size) -> dict:
     """Single-process training on the whole global batch, from rank 0's weights."""
     models = {name: make_model(TINY, seed=0) for name in OPTIMIZERS}
-    return {name: _train(m, OPTIMIZERS[name](m.parameters()),
-                         lambda step: _batch(step, 0, 1, 4 * world_size), steps)
-            for name, m in models.items()}
+    return {name: _train(m, OPTIMIZERS[name](m.parameters()), _batches(0, 1, 4 * world_size),
+                         steps) for name, m in models.items()}
 
 
 def _vec(d: dict, keys) -> torch.Tensor:
@@ -176,81 +91,114 @@ def _explain_launch(result, err, timeout, hang_hint, none_hint) -> None:
                      hint="every rank must all-reduce every gradient, the same ones in the "
                           "same order; a rank that skips one leaves the others waiting (a hang)")
     else:  # Note: a None in the message is nearly always a gradient that does not exist yet
-        _explain_failure(result, err, timeout, hang_hint, none_hint if "None" in msg else None)
+        explain_failure(result, err, timeout, hang_hint, none_hint if "None" in msg else None)
 
 
 def _judge(result, ranks, world_size, ref) -> None:
     """The lines both checkers share: start, what was reduced, gradients, parity, bytes."""
-    sgd = "SGD with momentum"
-    start = make_model(TINY, seed=0).state_dict()
-    off = [r for r, out in enumerate(ranks) if _rel(out["runs"]["AdamW"]["start"], start)]
+    start, runs = make_model(TINY, seed=0).state_dict(), [out["runs"] for out in ranks]
+    off = [r for r, run in enumerate(runs) if _rel(run["AdamW"]["start"], start)]
     result.check(not off, "every rank starts from rank 0's weights (rank r was built with seed r)",
                  f"rank {off[0] if off else 0} starts from other weights than rank 0",
                  "broadcast each parameter from rank 0 when wrapping: comm.broadcast(p.data, "
                  "label='sync', src=0)")
-    if any(n["weights"] for out in ranks for n in out["runs"][sgd]["notes"] if n["step"] > 0):
+    if any(n["weights"] for run in runs for n in run[SGD]["notes"] if n["step"] > 0):
         result.wrong("you all-reduced the weights, not the gradients",
                      hint="the hook receives the parameter; its gradient is param.grad")
-    g_ref, grads = ref[sgd]["grads"], [out["runs"][sgd]["grads"] for out in ranks]
-    err, spread = max(_rel(g, g_ref) for g in grads), max(_rel(g, grads[0]) for g in grads)
-    ratio = float("nan") if err == float("inf") else float(
-        _vec(grads[0], g_ref) @ _vec(g_ref, g_ref) / _vec(g_ref, g_ref).norm() ** 2)
-    if err <= 1e-5:
-        result.ok(f"after backward every rank holds the gradient of the whole global batch "
-                  f"(relative difference {err:.1e})")
-    elif spread > 1e-6:
-        result.wrong(f"after backward the ranks hold different gradients (they differ by "
-                     f"{spread:.1%}): they were not averaged over the ranks",
-                     hint="all-reduce param.grad (the sum over ranks), then divide it by N")
-    elif abs(ratio - world_size) < 0.01 * world_size:
-        result.wrong(f"gradients are {ratio:.2f}x too large: did you divide by the world size?")
-    elif abs(ratio * world_size - 1) < 0.01:
-        result.wrong(f"gradients are {1 / ratio:.2f}x too small: did you average twice?",
-                     hint="divide by N once, after one all-reduce of each gradient")
-    else:
-        result.wrong(f"gradients differ from single-process training by {err:.1%}")
+    scaled = _judge_grads(result, [run[SGD]["grads"] for run in runs], world_size,
+                          ref[SGD]["grads"])
     for opt_name in OPTIMIZERS:
-        e = max(_rel(out["runs"][opt_name]["state"], ref[opt_name]["state"]) for out in ranks)
+        e = max(_rel(run[opt_name]["state"], ref[opt_name]["state"]) for run in runs)
         result.check(e <= 1e-5, f"after {CHECK_STEPS} steps of {opt_name} the weights match "
                                 f"single-process training (relative difference {e:.1e})",
-                     f"after {CHECK_STEPS} steps of {opt_name} the weights differ from "
-                     f"single-process training by {e:.1e}", "Adam divides by the gradient's "
-                     "size, so it hides a wrong scale that SGD shows" if opt_name == sgd else "")
+                     f"after {CHECK_STEPS} steps of {opt_name} the weights differ from single-"
+                     f"process training by {e:.1e}", "Adam divides by the gradient's size, so it "
+                     "hides a wrong scale that SGD shows" if scaled and opt_name == SGD else "")
     if ranks[0]["torch_ddp"] is not None:
-        e = max(_rel(out["runs"][sgd]["state"], out["torch_ddp"]) for out in ranks)
+        e = max(_rel(run[SGD]["state"], out["torch_ddp"]) for run, out in zip(runs, ranks))
         result.check(e <= 1e-5, f"the same as torch's DistributedDataParallel on the same data "
                                 f"(relative difference {e:.1e})",
                      f"differs from torch's DistributedDataParallel by {e:.1e}")
-    sent, expected = ranks[0]["runs"][sgd]["sent"], ranks[0]["runs"][sgd]["expected"]
-    result.check(all(s == expected for s in sent),
-                 f"each rank sent 2(N-1)/N x 4Ψ = {expected:,.0f} B per step, as the formula says",
-                 f"each rank sent {max(sent):,.0f} B in a step; the formula 2(N-1)/N x 4Ψ says "
-                 f"{expected:,.0f} B ({max(sent) / expected:.2f}x)",
-                 "the ledger counts only what goes through comm: use comm.all_reduce, not "
-                 "dist.all_reduce" if max(sent) == 0 else "all-reduce each gradient once a step")
+    sent, expected = runs[0][SGD]["sent"], runs[0][SGD]["expected"]
+    s = next((s for s, x in enumerate(sent) if x != expected), 0)
+    result.check(all(x == expected for x in sent), f"each rank sent 2(N-1)/N x 4Ψ = "
+                 f"{expected:,.0f} B in every step, as the formula says", f"in step {s + 1} each "
+                 f"rank sent {sent[s]:,.0f} B; the formula 2(N-1)/N x 4Ψ says {expected:,.0f} B "
+                 f"({sent[s] / expected:.2f}x)", "the ledger counts only what goes through comm: "
+                 "use comm.all_reduce, not dist.all_reduce" if max(sent) == 0 else
+                 "all-reduce each gradient once a step")
     result.facts.update(sent_per_step=sent, expected=expected)
 
 
-def _judge_buckets(result, ranks) -> None:
-    run = ranks[0]["runs"]["SGD with momentum"]
-    notes, k = [n for n in run["notes"] if n["step"] > 0], run["buckets"]
-    early = [n for n in notes if n.get("bucket") is not None and n["ready"] < n["of"]]
-    if early:
-        result.wrong(f"bucket {early[0]['bucket']} was all-reduced when only {early[0]['ready']} "
-                     f"of its {early[0]['of']} gradients were ready, before backward had made "
-                     f"the others", hint="launch a bucket once every gradient in it has arrived")
+def _judge_grads(result, grads, world_size, g_ref) -> bool:
+    """Each step's gradients (``grads[rank][step]``) against one process's; True when the fault
+    is the scale (2 ranks, the sum not divided: "gradients are 2.00x too large")."""
+    errs = [max(_rel(g[s], want) for g in grads) for s, want in enumerate(g_ref)]
+    s = next((s for s, e in enumerate(errs) if e > 1e-5), None)
+    if s is None:
+        result.ok(f"after backward, in each of the {len(errs)} steps, every rank holds the "
+                  f"gradient of the whole global batch (relative difference {max(errs):.1e})")
+        return False
+    mine, want, when = [g[s] for g in grads], g_ref[s], f" of step {s + 1} (step 1 was right)" * s
+    spread, ratio = max(_rel(g, mine[0]) for g in mine), float("nan") if errs[s] == float(
+        "inf") else float(_vec(mine[0], want) @ _vec(want, want) / _vec(want, want).norm() ** 2)
+    scaled = spread <= 1e-6 and min(abs(ratio / world_size - 1), abs(ratio * world_size - 1)) < .01
+    if spread > 1e-6:
+        result.wrong(f"after the backward{when}, the ranks hold different gradients (they differ "
+                     f"by {spread:.1%}): they were not averaged over the ranks",
+                     hint="all-reduce param.grad (the sum over ranks), then divide it by N")
+    elif scaled and ratio > 1:
+        result.wrong(f"gradients are {ratio:.2f}x too large: did you divide by the world size?")
+    elif scaled:
+        result.wrong(f"gradients are {1 / ratio:.2f}x too small: did you average twice?",
+                     hint="divide by N once, after one all-reduce of each gradient")
     else:
-        result.check(len(notes) == k * CHECK_STEPS, f"one all-reduce per bucket ({k} buckets), "
-                     f"each launched once it was full", f"{len(notes) / CHECK_STEPS:g} "
-                     f"all-reduces per step for {k} buckets", "one flat tensor (torch.cat) each")
-    during = sum(n.get("in_hook", False) for n in notes) / CHECK_STEPS
-    result.check(during > 0, f"{during:g} of {k} buckets per step started while backward was "
-                 f"still running (overlap)", "every bucket was launched after backward had "
-                 "finished: nothing overlaps", "launch each bucket from grad_ready once full")
-    late = [n for n in notes if not n.get("waited_in_time", True)]
-    result.check(not late, "every all-reduce was waited for before backward ended",
-                 f"{len(late) // CHECK_STEPS} all-reduce(s) per step were not waited for before "
-                 f"backward ended", "call handle.wait() in backward_done before using the sum")
+        result.wrong(f"after the backward{when}, the gradients differ from one process's by "
+                     f"{errs[s]:.1%}")
+    return scaled
+
+
+def _judge_buckets(result, ranks) -> None:
+    """How rank 0 sent its buckets, step by step: each once, when full, while backward ran."""
+    run, k = ranks[0]["runs"][SGD], ranks[0]["runs"][SGD]["buckets"]
+    notes = [[n for n in run["notes"] if n["step"] == s + 1] for s in range(CHECK_STEPS)]
+    count = [len(ns) for ns in notes]
+    early = [[n for n in ns if n["ready"] < n["of"]] for ns in notes]
+    bad = [c != k or bool(e) for c, e in zip(count, early)]
+    hidden = [sum(n["in_hook"] and n["hidden"] for n in ns) for ns in notes]
+    least = notes[hidden.index(min(hidden))]  # Note: the step that overlapped least
+    if not bad[0] and any(bad):  # Note: right in step 1 only: what it counts is not reset
+        s = bad.index(True)
+        result.wrong(f"your buckets launch right in the first step but not later: step {s + 1} "
+                     f"made {count[s]} all-reduce(s) for {k} buckets" + ", some before they were"
+                     " full" * bool(early[s]), hint="reset what you count in backward_done, so "
+                     "that the next step starts afresh")
+    elif any(early):
+        n = next(e for e in early if e)[0]
+        result.wrong(f"bucket {n['bucket']} was all-reduced when only {n['ready']} of its "
+                     f"{n['of']} gradients were ready, before backward had made the others",
+                     hint="launch a bucket once every gradient in it has arrived")
+    elif count[0] != k:
+        result.wrong(f"{count[0]} all-reduce(s) in the first step for {k} buckets", hint="one "
+                     "all-reduce of one flat tensor (torch.cat) per bucket, once it is full")
+    elif min(hidden):
+        result.ok(f"{min(hidden)} of {k} buckets per step were launched once full, with "
+                  f"async_op=True, while backward was still running (overlap)")
+    elif not any(n["in_hook"] for n in least):
+        result.wrong("every bucket was launched in backward_done, after autograd had finished: "
+                     "nothing overlaps", hint="launch each bucket from grad_ready once full")
+    elif not any(n["async"] for n in least):
+        result.wrong("your all-reduces block (async_op=False): backward stopped for each bucket, "
+                     "nothing overlaps", hint="comm.all_reduce(flat, label=..., async_op=True) "
+                     "returns a handle at once; wait for it in backward_done")
+    else:
+        result.wrong("you waited for each bucket right after launching it: backward stopped for "
+                     "it, nothing overlaps", hint="keep the handles, wait in backward_done")
+    late = max(sum(not n.get("waited_in_time", True) for n in ns) for ns in notes)
+    result.check(not late, "every all-reduce was waited for by the end of backward_done, before "
+                 "the optimizer used the gradients", f"{late} all-reduce(s) per step were not "
+                 "waited for in backward_done", "call handle.wait() in backward_done before "
+                 "using the sum")
 
 
 def check_ddp(wrap_ddp, average_gradient=None, world_size=2, timeout=20) -> CheckResult:
@@ -270,14 +218,16 @@ def _check_many(items, world_size, timeout, make, stubs, what, solution, torch_d
     results, todo = [CheckResult(what) for _ in items], [k for k, x in enumerate(items)
                                                          if not stubs(x)]
     for k in sorted(set(range(len(items))) - set(todo)):
-        results[k].wrong(f"not written yet: {' and '.join(stubs(items[k]))} (still `...`)",
-                         hint=f"labs.show_solution('{solution}') shows one")
+        *most, last = stubs(items[k])  # Note: every one of them, so that none is a surprise
+        results[k].wrong(f"not written yet: {', '.join(most) + ' and ' * bool(most)}{last} "
+                         f"(still `...`)", hint=f"labs.show_solution('{solution}') shows one")
     try:
         ranks = launch(_train_on_rank, world_size, [make(items[k]) for k in todo], CHECK_STEPS,
                        torch_ddp, backend="gloo", timeout=timeout) if todo else []
     except LaunchError as err:
         for k in todo:
             _explain_launch(results[k], err, timeout, hang_hint, none_hint)
+        forget_logs(err)
         return results
     for j, k in enumerate(todo):
         mine = [{"runs": out["runs"][j], "torch_ddp": out.get("torch_ddp")} for out in ranks]
@@ -293,7 +243,7 @@ DDP = {"make": lambda pair: ddp_strategy(pair[0]), "what": "your DDP (wrap_ddp +
        "none_hint": "param.grad was None: the all-reduce ran before backward produced the "
        "gradient (a forward hook?); use register_post_accumulate_grad_hook"}
 BUCKETS = {"make": bucketed_ddp_strategy, "what": "your buckets", "stubs": lambda c: [
-    m for m in ("grad_ready", "backward_done") if not_written_yet(getattr(c, m))],
+    m for m in ("__init__", "grad_ready", "backward_done") if not_written_yet(getattr(c, m))],
     "solution": "03_buckets", "torch_ddp": False, "judge_first": _judge_buckets,
     "hang_hint": "do all ranks launch the same buckets, and wait for each?", "none_hint": "a "
     "gradient was still None: launch a bucket once every gradient in it has arrived"}

@@ -13,8 +13,6 @@ by the gradient's own size and so hides a gradient that is N times too large.
 
 from __future__ import annotations
 
-import statistics
-from functools import partial
 from types import SimpleNamespace
 
 import torch
@@ -25,13 +23,12 @@ from ..comm import broadcast_module_states
 from ..flat import FlatLayout, ParamSlot
 from ..ledger import ring_bytes
 from ..memory import allocating
-from ..registry import register_strategy
 from ..strategy import Strategy
-from .checking import (OPTIMIZERS, compare_states, make_mlp, missing_methods, reference,
-                       run_ranks, train_states)
+from .checking import (OPTIMIZERS, compare_states, make_mlp, measure_strategies, missing_methods,
+                       reference, run_ranks, train_states)
 from .report import CheckResult
 
-__all__ = ["ZeroScaffold", "check_zero1", "check_zero2", "measure_strategies"]
+__all__ = ["ZeroScaffold", "check_zero1", "check_zero2", "measure_strategies", "who_ran"]
 
 
 
@@ -65,16 +62,25 @@ class ZeroScaffold(Strategy):
         start, stop = _as_range(self.my_slice())
         self.shard = nn.Parameter(self.flat[start:stop])
         self.scheduler = BucketScheduler([self.params], lambda i: None, self._backward_end)
+        self._grad_buffer = None  # the flat gradient, while backward ends
+        # Note: phase marks, as in the kit's strategies: a dashboard samples memory there, so it
+        # sees the activations (after forward) and the flat gradient (a comm buffer) before the
+        # reduction.
+        module.register_forward_hook(lambda *_: self.mark(self.strategy, "forward_done"))
 
     def _backward_end(self) -> None:
-        with torch.no_grad():
-            with allocating("comm_buffers"):
-                flat_grad = torch.zeros_like(self.flat)
-            for p, view in zip(self.params, self.layout.views(flat_grad)):
-                if p.grad is not None:
-                    view.copy_(p.grad)
-                    p.grad = None
-            self.reduce_gradients(flat_grad)
+        try:
+            with torch.no_grad():
+                with allocating("comm_buffers"):
+                    self._grad_buffer = flat_grad = torch.zeros_like(self.flat)
+                for p, view in zip(self.params, self.layout.views(flat_grad)):
+                    if p.grad is not None:
+                        view.copy_(p.grad)
+                        p.grad = None
+                self.mark(self.strategy, "grads_flattened")  # a comm buffer, not reduced yet
+                self.reduce_gradients(flat_grad)
+        finally:
+            self._grad_buffer = None
         self.mark(self.strategy, "backward_end")
 
     def my_slice(self):
@@ -90,7 +96,12 @@ class ZeroScaffold(Strategy):
         return [g for g in (self.shard.grad,) if g is not None], True
 
     def memory_categories(self) -> dict[str, list]:
-        return {"params": [self.flat], "grads": [self.shard.grad] + [p.grad for p in self.params]}
+        grads = [self.shard.grad] + [p.grad for p in self.params]
+        kept = {g.untyped_storage().data_ptr() for g in grads if g is not None}
+        buffer = self._grad_buffer  # a comm buffer, unless it now holds the gradient kept (ZeRO-1)
+        if buffer is not None and buffer.untyped_storage().data_ptr() in kept:
+            buffer = None
+        return {"params": [self.flat], "grads": grads, "comm_buffers": [buffer]}
 
     def padded_numel(self) -> int:
         return self.layout.padded_numel
@@ -108,53 +119,18 @@ def _as_range(value) -> tuple[int, int]:
     return start, stop
 
 
-def measure_strategies(rank, world_size, strategies, steps=3, model="tiny", global_batch=4):
-    """Train the GPT under each strategy in turn (names, or your classes: registered here), with
-    AdamW. Per strategy, this rank's ``sent`` bytes and collective ``calls`` in the last step,
-    median step ``seconds``, ``state`` (params + grads + optimizer state after the step, from
-    ``track_memory``) with ``by_category`` and the ``peak`` by category, the ``activations``
-    autograd saves during a forward (``LiveMemory``), ``expected`` (the formulas) and ``losses``.
-    It also writes telemetry, one run per strategy, for a monitor (``Comparison``, ``Dashboard``).
-    """
-    from ..api import expected_costs, parallelize
-    from ..launcher import rank_device
-    from ..memory import PERSISTENT
-    from ..models import GPTConfig, SyntheticText, make_model
-    from ..telemetry import LiveMemory, Recorder
-    from ..training import train
-    device = rank_device()
-    cfg = GPTConfig.tiny() if model == "tiny" else GPTConfig()
-    data = SyntheticText(cfg.vocab_size, cfg.block_size)
-
-    def batches(step):
-        return tuple(t.to(device) for t in data.local_batch(step, global_batch, rank, world_size))
-
-    out = {}
-    for strategy in strategies:
-        if isinstance(strategy, type):
-            strategy = register_strategy(strategy).strategy
-        rec = Recorder.from_env(run=strategy)
-        net = make_model(cfg).to(device)
-        net, opt = parallelize(net, strategy, units=list(net.blocks), recorder=rec,
-                               optimizer=partial(torch.optim.AdamW, lr=1e-3))
-        run = train(net, opt, batches, steps, recorder=rec, track_memory_at=steps - 1)
-        rec.close()
-        ledger = net.fsdp_mini.comm.ledger
-        calls = len(ledger.select(step=ledger.steps()[-1]))  # the last training step's
-        after = next(s.by_category for s in run.memory.snapshots if s.label == "after_step")
-        live = LiveMemory(net, opt)
-        with live:  # Note: one more forward, to read what autograd keeps for backward
-            loss = net(*batches(0))[1]
-            activations = live.sample()[1]["activations"]
-        loss.backward()
-        opt.zero_grad()
-        out[strategy] = {
-            "sent": run.sent_bytes[-1], "calls": calls,
-            "seconds": statistics.median(run.step_seconds[1:-1] or run.step_seconds),
-            "state": sum(after[c] for c in PERSISTENT), "by_category": after,
-            "peak": run.memory.peak_by_category, "activations": activations,
-            "expected": expected_costs(net), "losses": run.losses}
-    return out
+def who_ran(zero1_passed: bool, zero2_passed: bool) -> str:
+    """Whose code ran as ``my_zero1`` and ``my_zero2``, once the lab fell back to the reference
+    solution of each exercise whose check failed. Example: ``who_ran(False, True)`` says that
+    my_zero1 ran the reference and my_zero2 your ``reduce_gradients`` on top of it."""
+    if zero1_passed and zero2_passed:
+        return "my_zero1 and my_zero2 ran your code."
+    if not zero2_passed:  # Note: the reference MyZero2 subclasses the reference MyZero1
+        one = "your code" if zero1_passed else "the reference solution (yours does not pass yet)"
+        return (f"my_zero1 ran {one}; my_zero2 ran the reference solution of exercise 2 (your "
+                f"MyZero2 does not pass yet), built on the reference MyZero1.")
+    return ("my_zero1 ran the reference solution (your MyZero1 does not pass yet); my_zero2 ran "
+            "your reduce_gradients, on the reference MyZero1's my_slice and after_step.")
 
 
 # -- the checkers of lab 04 -----------------------------------------------------------------------
@@ -199,6 +175,19 @@ def _judge_memory(result: CheckResult, run: dict, stage: int, n: int) -> None:
                  f"two moments of this rank's slice only)",
                  f"optimizer state: {optim} B per rank, but 8Ψ/N = {2 * es * padded // n} B" +
                  (": every rank keeps Adam state for the whole model" if optim > es * padded else ""))
+    if stage == 1 and grads < es * padded:
+        how = ("you reduce-scatter into a new shard: that is ZeRO-2, the next exercise"
+               if "reduce_scatter" in run["sent"] else "self.shard.grad is a copy of your slice "
+               "(a .clone(), or what `/ N` on the slice returns), so the rest of the average is "
+               "freed on return")
+        result.wrong(f"gradients kept after the step: {grads} B per rank, this rank's slice only, "
+                     f"but ZeRO-1 keeps the whole averaged gradient, 4Ψ = {es * padded} B: {how}",
+                     hint="ZeRO-1 shards the optimizer state only. Like DDP, every rank keeps the "
+                     "whole averaged gradient (the kit's zero1 accumulates micro-batches in it), "
+                     "as the formula 8Ψ + 8Ψ/N counts; keeping only a slice is ZeRO-2's saving. "
+                     "Keep the whole average (divide flat_grad itself) and make self.shard.grad "
+                     "a view of your slice of it")
+        return
     if stage == 2 and grads > es * padded / n:
         result.wrong(f"gradients kept after the step: {grads} B per rank, but ZeRO-2 keeps only "
                      f"this rank's shard, 4Ψ/N = {es * padded // n} B", hint="reduce-scatter into "

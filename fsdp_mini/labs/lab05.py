@@ -18,15 +18,31 @@ from __future__ import annotations
 
 import traceback
 
+import torch
 import torch.distributed as dist
+from torch import nn
 
 from ..ledger import ring_bytes
 from .checking import (OPTIMIZERS, compare_states, missing_methods, reference, run_ranks,
                        train_states, unwritten, where)
-from .fsdp_scaffold import FSDPScaffold, FSDPUnit, UnitNet
+from .fsdp_scaffold import FSDPScaffold, FSDPUnit
 from .report import CheckResult
 
 __all__ = ["FSDPScaffold", "FSDPUnit", "UnitNet", "check_reduce_scatter_grad", "check_unit"]
+
+
+class UnitNet(nn.Module):
+    """``first`` (4→7, 35 parameters) and ``middle`` (7→4, 32) are units; the root keeps ``head``
+    (4→3, 15). At N = 2, ``first`` and the root need padding."""
+
+    def __init__(self):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            self.first, self.middle, self.head = nn.Linear(4, 7), nn.Linear(7, 4), nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.middle(torch.tanh(self.first(x)))))
 
 
 class _ReduceWith:

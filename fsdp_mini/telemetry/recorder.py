@@ -56,8 +56,10 @@ class Recorder:
         # (the optimizer's post-step hook), not for the whole life of the recorder.
         model.register_forward_pre_hook(lambda *_: self._watch_activations(True))
         # Note: the model state kept between steps is whole right after the step, before
-        # the training loop's zero_grad() frees the gradients.
-        optimizer.register_step_post_hook(lambda *_: self._after_optimizer_step())
+        # the training loop's zero_grad() frees the gradients: sampled once the strategy's own
+        # after-step work is done too (ZeRO-1 frees its gradient shard there), not in torch's
+        # step post-hook, which runs inside optimizer.step() before it.
+        engine.step_listeners.append(self._after_optimizer_step)
         units = [{"name": u.name, "bytes": u.padded_bytes} for u in getattr(engine, "units", [])]
         device = next(iter(model.parameters())).device
         self._emit("meta", time=time.time(), world_size=self.world_size,

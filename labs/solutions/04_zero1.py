@@ -18,7 +18,8 @@ class MyZero1(labs.ZeroScaffold):
         self.comm.all_reduce(flat_grad, label="grads")     # your DDP of lab 03, one bucket
         flat_grad /= self.comm.world_size
         start, stop = self.my_slice()
-        self.shard.grad = flat_grad[start:stop]            # the optimizer sees its slice only
+        self.shard.grad = flat_grad[start:stop]            # a view: the optimizer sees its slice,
+                                                           # the whole average stays (ZeRO-1 keeps it)
 
     def after_step(self):
         start, stop = self.my_slice()
