@@ -27,8 +27,10 @@ import fsdp_mini
 from fsdp_mini.models import GPTConfig, SyntheticText, make_model
 from fsdp_mini.training import train_step
 
-PAIRS = (("fsdp_mini ddp", "torch DDP"), ("fsdp_mini fsdp", "torch fully_shard"))
-TARGET_TIME, TARGET_PEAK = 1.25, 1.10
+PAIRS = (("fsdp_mini ddp", "torch DDP"), ("fsdp_mini fsdp", "torch fully_shard"),
+         ("fsdp_mini fsdp prefetch", "torch fully_shard"),
+         ("fsdp_mini fsdp bf16", "torch fully_shard bf16"))
+TARGET_TIME, TARGET_PEAK = 1.00, 1.00
 
 
 def build(kind: str, cfg: GPTConfig, device: torch.device):
@@ -36,17 +38,24 @@ def build(kind: str, cfg: GPTConfig, device: torch.device):
     adamw = partial(torch.optim.AdamW, lr=1e-3)
     if kind == "fsdp_mini ddp":
         return fsdp_mini.parallelize(model, "ddp", optimizer=adamw)
-    if kind == "fsdp_mini fsdp":
-        return fsdp_mini.parallelize(model, "fsdp", optimizer=adamw, units=list(model.blocks))
+    if kind.startswith("fsdp_mini fsdp"):
+        options = {"prefetch": "prefetch" in kind}
+        if "bf16" in kind:  # with prefetch too: torch's fully_shard prefetches by default
+            options = {"prefetch": True, "param_dtype": torch.bfloat16,
+                       "reduce_dtype": torch.float32}
+        return fsdp_mini.parallelize(model, "fsdp", optimizer=adamw, units=list(model.blocks),
+                                     **options)
     if kind == "torch DDP":
         from torch.nn.parallel import DistributedDataParallel
         ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
                                       else None)
         return ddp, adamw(ddp.parameters())
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if "bf16" in kind else MixedPrecisionPolicy())
     for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     return model, adamw(model.parameters())
 
 
@@ -55,14 +64,18 @@ def bench_rank(rank: int, world_size: int, model_size: str, steps: int, warmup: 
     device = fsdp_mini.rank_device()
     cfg = GPTConfig.tiny() if model_size == "tiny" else GPTConfig()
     data = SyntheticText(cfg.vocab_size, cfg.block_size)
-    kinds = [k for pair in PAIRS for k in pair]
+    kinds = list(dict.fromkeys(k for pair in PAIRS for k in pair))  # torch's FSDP once
     models = {k: build(k, cfg, device) for k in kinds}
     times = {k: [] for k in kinds}
     losses = {k: [] for k in kinds}
     for step in range(warmup + steps):
         x, y = (t.to(device) for t in data.local_batch(step, global_batch, rank, world_size))
+        done = set()  # torch's fully_shard is in two pairs: one step each step
         for pair in PAIRS:
             for kind in (pair if step % 2 == 0 else pair[::-1]):
+                if kind in done:
+                    continue
+                done.add(kind)
                 dist.barrier()
                 _sync(device)
                 start = time.perf_counter()

@@ -3,11 +3,15 @@
 The algorithm sits at the top of the package, in layers; each imports only the layers above it:
 
     comm, comm_check, ledger     collectives, the debug check that ranks agree, the bytes they send
+    link                         a simulated network: collectives take their α-β time on it
     memory                       memory categories; track_memory (live tensor bytes per rank)
     flat, absent, buckets        flat padded buffers cut into pieces; "no gradient" marks; buckets
+    accumulate                   gradients kept on the rank between micro-batches (no_sync)
+    precision                    mixed precision: the dtypes units gather and gradients travel in
     strategy                     what every strategy offers (the interface), and Single
     ddp, zero, fsdp (+ fsdp_units, fsdp_whole)   the strategies, never importing one another
     registry, clip, wrap         strategies by name; global-norm clipping; the parallel classes
+    scaler                       ShardedGradScaler: fp16 loss scaling, overflow checked on all ranks
     api, theory, training        parallelize & co; the ZeRO formulas; the one training loop
 
 The plumbing lives in folders and imports from the algorithm, never the other way round:
@@ -19,16 +23,20 @@ The plumbing lives in folders and imports from the algorithm, never the other wa
     models.py    the small GPT and its synthetic data
 """
 
-from .api import STRATEGIES, expected_costs, full_state_dict, parallelize, summon_full_params
+from .api import (STRATEGIES, expected_costs, full_state_dict, no_sync, parallelize,
+                  summon_full_params)
 from .clip import GradientsChangedError, clip_grad_norm_
 from .comm import Comm, Ledger, Tag
+from .link import Link
 from .memory import CATEGORIES, allocating, track_memory
 from .registry import register_strategy
+from .scaler import ShardedGradScaler
 from .strategy import Strategy
 
 from .launcher import LaunchError, LaunchTimeoutError, launch, rank_device, run_with_torchrun
 
 __all__ = ["STRATEGIES", "CATEGORIES", "Comm", "GradientsChangedError", "LaunchError",
-           "LaunchTimeoutError", "Ledger", "Strategy", "Tag", "allocating", "clip_grad_norm_",
-           "expected_costs", "full_state_dict", "launch", "parallelize", "rank_device",
+           "LaunchTimeoutError", "Ledger", "Link", "ShardedGradScaler", "Strategy", "Tag",
+           "allocating", "clip_grad_norm_",
+           "expected_costs", "full_state_dict", "launch", "no_sync", "parallelize", "rank_device",
            "register_strategy", "run_with_torchrun", "summon_full_params", "track_memory"]

@@ -30,6 +30,7 @@ from torch import nn
 
 from .comm import Comm, Ledger
 from .fsdp import FSDP
+from .precision import no_param_dtype
 from .registry import get_strategy
 from .strategy import Strategy
 from .theory import STRATEGIES  # noqa: F401  (public: the kit's own strategy names)
@@ -38,7 +39,7 @@ from .wrap import make_parallel
 
 def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.AdamW, lr=1e-3),
                 units=None, *, process_group=None, ledger: Ledger | None = None, recorder=None,
-                check_collectives: bool = False, **options):
+                check_collectives: bool = False, link=None, **options):
     """Apply ``strategy`` to ``module``; return ``(module, optimizer)``, used like plain torch.
 
     Args:
@@ -57,7 +58,19 @@ def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.
             about phases; its ``attach(module, optimizer)``, if it has one, is called at the end.
         check_collectives: debug mode: ranks compare every collective before issuing it and
             raise a clear error on the first mismatch instead of hanging (see ``comm``).
-        options: ``bucket_mb`` (ddp, zero1, zero2), ``reshard_after_forward`` (fsdp).
+        link: a simulated network, ``fsdp_mini.Link(bandwidth_gbs=1.0, latency_us=50)``: every
+            collective then takes at least its α-β ring time on it (see :mod:`fsdp_mini.link`).
+            Time only: the model trains to the same numbers. No effect at world size 1.
+        options: ``bucket_mb`` (ddp, zero1, zero2); for fsdp ``reshard_after_forward``,
+            ``prefetch`` (False; True or k: issue the next k units' all-gathers ahead, see
+            :mod:`fsdp_mini.fsdp_prefetch`) and ``activation_checkpointing`` (False; True:
+            recompute each unit's activations in backward), ``offload`` (False; True: shards,
+            gradients and optimizer state in CPU memory, see :mod:`fsdp_mini.offload`).
+            Mixed precision (:mod:`fsdp_mini.precision`): ``reduce_dtype`` (every strategy but
+            single: the dtype gradients are reduced in, e.g. ``torch.bfloat16``; None keeps the
+            parameters' dtype) and, for fsdp, ``param_dtype`` (the dtype units are gathered
+            and computed in; the shards stay fp32). fp16 needs loss scaling:
+            :class:`fsdp_mini.ShardedGradScaler`.
 
     Gradient clipping: use ``fsdp_mini.clip_grad_norm_(model, max_norm)``. Under zero1, zero2
     and fsdp, ``torch.nn.utils.clip_grad_norm_(model.parameters(), ...)`` would see only this
@@ -68,7 +81,7 @@ def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.
     is_class = isinstance(strategy, type) and issubclass(strategy, Strategy)
     cls = strategy if is_class else get_strategy(strategy)
     _check_arguments(module, cls, optimizer, options)
-    comm = Comm(process_group, ledger, check_collectives=check_collectives)
+    comm = Comm(process_group, ledger, check_collectives=check_collectives, link=link)
     if "units" in inspect.signature(cls.__init__).parameters:
         options = {**options, "units": units}
     engine = cls(module, comm, recorder=recorder, **options)
@@ -116,6 +129,42 @@ def summon_full_params(model: nn.Module, writeback: bool = False):
                     p.copy_(value)
 
 
+@contextmanager
+def no_sync(model: nn.Module):
+    """Inside the block, ``backward()`` accumulates gradients on this rank and sends nothing; the
+    next backward outside it communicates their sum, once. Gradient accumulation, k micro-batches::
+
+        with fsdp_mini.no_sync(model):
+            for x, y in micro_batches[:-1]:
+                (model(x, y)[1] / k).backward()         # local: no gradient collective
+        x, y = micro_batches[-1]
+        (model(x, y)[1] / k).backward()                 # one all-reduce / reduce-scatter of the sum
+        optimizer.step(); optimizer.zero_grad()
+
+    What counts is where ``backward()`` runs. Every rank must use it for the same micro-batches.
+    ddp and zero2 keep whole ``p.grad`` (zero2 then holds 4Ψ of gradients instead of 4Ψ/N);
+    zero1 changes nothing (it reduce-scatters at ``optimizer.step()`` anyway); fsdp keeps each
+    unit's whole flat gradient (4Ψ per rank instead of 4Ψ/N, k−1 fewer reduce-scatters; it still
+    all-gathers for every forward and backward). See :mod:`fsdp_mini.accumulate`.
+    ``optimizer.step()`` while gradients kept here were never sent raises an error. Blocks nest:
+    the outermost one decides.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"no_sync takes the model returned by fsdp_mini.parallelize, got a "
+                        f"{type(model).__name__}")
+    engine = getattr(model, "fsdp_mini", None)
+    if engine is None:
+        raise ValueError(f"no_sync: this {type(model).__name__} was not parallelized, so it has no "
+                         f"gradient communication to skip; call fsdp_mini.parallelize first (a "
+                         f"plain model accumulates gradients over backward() calls by itself)")
+    was = engine.sync_gradients
+    engine.set_gradient_sync(False)
+    try:
+        yield model
+    finally:
+        engine.set_gradient_sync(was)
+
+
 def expected_costs(model: nn.Module, optim_bytes: int | None = None) -> dict[str, float]:
     """What the formulas of :mod:`fsdp_mini.theory` predict for this parallelized model, with
     its own padding: bytes sent per rank per step, and persistent model-state bytes per rank
@@ -160,6 +209,8 @@ def _check_arguments(module, cls, optimizer, options) -> None:
                          f"on a real device, or materialise it first with "
                          f"model.to_empty(device=...) and initialise its weights")
     unknown = set(options) - cls.options()
+    if "param_dtype" in unknown and "reduce_dtype" in cls.options():
+        raise TypeError(no_param_dtype(cls.strategy))
     if unknown:
         allowed = ", ".join(sorted(cls.options())) or "none"
         raise TypeError(f"unknown option(s) for {cls.strategy!r}: {', '.join(sorted(unknown))}; "
@@ -169,10 +220,14 @@ def _check_arguments(module, cls, optimizer, options) -> None:
         if isinstance(mb, bool) or not isinstance(mb, Real) or not math.isfinite(mb) or mb <= 0:
             raise ValueError(f"bucket_mb must be positive, a number of megabytes such as 25; got "
                              f"{mb!r}")
-    if "reshard_after_forward" in options and not isinstance(options["reshard_after_forward"],
-                                                              bool):
-        raise TypeError(f"reshard_after_forward must be True or False, got "
-                        f"{options['reshard_after_forward']!r}")
+    for flag in ("reshard_after_forward", "activation_checkpointing", "offload"):
+        if flag in options and not isinstance(options[flag], bool):
+            raise TypeError(f"{flag} must be True or False, got {options[flag]!r}")
+    ahead = options.get("prefetch", 0)
+    if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 0:
+        if not isinstance(ahead, bool):
+            raise ValueError(f"prefetch must be True, False or how many units to gather ahead "
+                             f"(an int >= 0, e.g. prefetch=1); got {ahead!r}")
     _check_optimizer_factory(optimizer)
 
 

@@ -49,6 +49,7 @@ def clip_grad_norm_(model: torch.nn.Module, max_norm: float, norm_type: float = 
                      ** norm_type for g in grads),
                     torch.zeros((), device=device)).reshape(1)
     if sharded and engine.comm.world_size > 1:
+        local = local.to(engine.comm.device)  # offloaded gradients are on the CPU
         engine.comm.all_reduce(local, label="clip", op="max" if math.isinf(norm_type)
                                else "sum")
     total = local[0] if math.isinf(norm_type) else local[0] ** (1.0 / norm_type)
@@ -58,7 +59,7 @@ def clip_grad_norm_(model: torch.nn.Module, max_norm: float, norm_type: float = 
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     with torch.no_grad():
         for g in grads:
-            g.mul_(coef.to(g.dtype))
+            g.mul_(coef.to(g.device, g.dtype))
     engine.after_clip()
     return total
 

@@ -16,6 +16,10 @@ engine passes), or any string (then the unit is that string and the phase the op
 
 At world size 1 (no process group) the collectives are local copies and send 0 bytes, so the
 same strategy code runs in a single process.
+
+With ``link=Link(...)`` (see :mod:`fsdp_mini.link`) every collective also takes at least its
+simulated α-β time on a slow network: ``Handle.wait()`` returns at max(real completion, issue +
+queueing + cost), and the record carries ``simulated_seconds`` and ``simulated_queue``.
 """
 
 from __future__ import annotations
@@ -28,16 +32,20 @@ import torch.distributed as dist
 
 from .comm_check import CollectiveMismatchError, SequenceCheck, all_gather_flat, reduce_scatter_flat
 from .ledger import CollectiveRecord, Ledger, OpTotal, Tag, ring_bytes
+from .link import Link
 
 __all__ = ["Comm", "Handle", "Reduction", "broadcast_module_states", "CollectiveMismatchError",
            "CollectiveRecord", "Ledger", "OpTotal", "Tag"]
 
 
 class Handle:
-    """An in-flight collective. ``wait()`` blocks until it is done and stamps its duration."""
+    """An in-flight collective. ``wait()`` blocks until it is done and stamps its duration;
+    with a simulated link, until its simulated transfer ends too (``sim_end``, perf_counter)."""
 
-    def __init__(self, work, record: CollectiveRecord, ledger: Ledger, t0: float):
+    def __init__(self, work, record: CollectiveRecord, ledger: Ledger, t0: float,
+                 sim_end: float | None = None):
         self._work, self._record, self._ledger, self._t0 = work, record, ledger, t0
+        self.sim_end = sim_end
         self.done, self.blocking = False, False
 
     def wait(self) -> None:
@@ -49,6 +57,9 @@ class Handle:
             self._record.waited = time.perf_counter() - self._t0
         if self._work is not None:
             self._work.wait()
+        if self.sim_end is not None:
+            # Note: the bytes arrived (gloo is fast); the simulated link has not carried them yet.
+            time.sleep(max(0.0, self.sim_end - time.perf_counter()))
         self._record.seconds = time.perf_counter() - self._t0
         self.done = True
         self._ledger._completed(self._record)
@@ -59,11 +70,16 @@ class Comm:
 
     ``Comm()`` outside a process group (or with a group of one rank) runs every collective as a
     local copy, so strategies work unchanged in a single process. ``check_collectives=True``
-    turns on :class:`SequenceCheck` (debug mode).
+    turns on :class:`SequenceCheck` (debug mode). ``link`` (a :class:`~fsdp_mini.link.Link`)
+    makes every collective take at least its simulated time on that link.
     """
 
     def __init__(self, group=None, ledger: Ledger | None = None, check_collectives: bool = False,
-                 name: str = "world"):
+                 name: str = "world", link: Link | None = None):
+        if link is not None and not isinstance(link, Link):
+            raise TypeError(f"link must be None or a fsdp_mini.Link(bandwidth_gbs=..., "
+                            f"latency_us=...), got {link!r}")
+        self.link = link
         self.ledger = ledger if ledger is not None else Ledger()
         self.name = name  # written in each record: which group a collective ran on
         if dist.is_available() and dist.is_initialized():
@@ -78,6 +94,14 @@ class Comm:
             self.group, self.rank, self.world_size = None, 0, 1
         self.check = (SequenceCheck(self.group, self.world_size)
                       if check_collectives and self.world_size > 1 else None)
+
+    @property
+    def device(self) -> torch.device:
+        """Where this group's collectives need their tensors: the rank's GPU under NCCL, else
+        the CPU (e.g. for a norm computed from gradients offloaded to the CPU)."""
+        if self.group is not None and dist.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
     # -- the collectives ------------------------------------------------------------------------
 
@@ -132,13 +156,21 @@ class Comm:
                                   unit=tag.unit, phase=tag.phase, group=self.name)
         self.ledger._issued(record)
         t0 = time.perf_counter()
+        sim_end = self._simulate(record, t0) if self.link is not None else None
         work = distributed_call() if self.world_size > 1 else local_call()
-        handle = Handle(work if self.world_size > 1 else None, record, self.ledger, t0)
+        handle = Handle(work if self.world_size > 1 else None, record, self.ledger, t0, sim_end)
         if async_op:
             return handle
         handle.blocking = True
         handle.wait()
         return None
+
+    def _simulate(self, record: CollectiveRecord, t0: float) -> float:
+        """Queue ``record`` on the simulated link; return when its transfer ends (perf_counter)."""
+        cost = self.link.cost(record.op, record.payload_bytes, self.world_size)
+        begin = self.link.reserve(t0, cost)
+        record.simulated_seconds, record.simulated_queue = cost, begin - t0
+        return begin + cost
 
 
 def broadcast_module_states(module: torch.nn.Module, comm: Comm) -> None:

@@ -10,7 +10,14 @@ Example, N = 2, one bucket with a 2-element gradient::
     divide by N:        rank0      [2 3]        rank1      [2 3]      = gradient of the whole batch
 
 Gradients are all-reduced in buckets launched from gradient-ready hooks, so communication of the
-last layers overlaps with backward of the first ones (see :mod:`fsdp_mini.buckets`).
+last layers overlaps with backward of the first ones (see :mod:`fsdp_mini.buckets`). Under
+``fsdp_mini.no_sync`` no bucket is launched: ``p.grad`` accumulates on the rank, and the next
+backward outside it all-reduces the sum (see :mod:`fsdp_mini.accumulate`).
+
+Mixed precision (:mod:`fsdp_mini.precision`): ``reduce_dtype=torch.bfloat16`` flattens each
+bucket's gradients into a bf16 buffer, all-reduces it (2(N-1)/N x 2Ψ bytes: half) and writes the
+mean back into the fp32 ``p.grad``. There is no ``param_dtype``: every rank keeps whole fp32
+parameters, so nothing is gathered; compute in bf16 with ``torch.autocast`` around the forward.
 """
 
 from __future__ import annotations
@@ -19,10 +26,12 @@ import torch
 from torch import nn
 
 from .absent import absent_everywhere
+from .accumulate import check_synced
 from .buckets import BucketScheduler, check_no_new_trainables, grad_ready_order, split_into_buckets
 from .comm import Comm, Reduction, broadcast_module_states
 from .flat import FlatLayout, ParamSlot
 from .memory import allocating
+from .precision import MixedPrecision
 from .strategy import Strategy
 from .theory import ddp_sent_bytes
 
@@ -33,26 +42,32 @@ class DDP(Strategy):
     strategy = "ddp"
     traffic = "2Ψ"
 
-    def __init__(self, module: nn.Module, comm: Comm, recorder=None, bucket_mb: float = 25.0):
+    def __init__(self, module: nn.Module, comm: Comm, recorder=None, bucket_mb: float = 25.0,
+                 reduce_dtype: torch.dtype | None = None):
         super().__init__(module, comm, recorder)
+        self.precision = MixedPrecision(reduce_dtype=reduce_dtype).check_effect(module, "ddp")
         broadcast_module_states(module, comm)
         self.buckets = split_into_buckets(grad_ready_order(module), int(bucket_mb * 2**20))
         # Note: a bucket is laid out like a flat buffer of world size 1: end to end, no padding.
         self.layouts = [FlatLayout([ParamSlot(p, [], []) for p in b], 1) for b in self.buckets]
         self._known = {id(p) for b in self.buckets for p in b}
         self._in_flight: list[Reduction] = []
+        self._owed = False  # a backward under no_sync left unreduced gradients in p.grad
         self.scheduler = BucketScheduler(self.buckets, self._all_reduce_bucket, self._finish)
         module.register_forward_pre_hook(
             lambda *_: check_no_new_trainables(module, self._known, "ddp"))
         module.register_forward_hook(lambda *_: self.mark("ddp", "forward_done"))
 
     def _all_reduce_bucket(self, i: int) -> None:
+        if not self.sync_gradients:
+            return  # no_sync: autograd keeps adding into p.grad; a later backward sends the sum
         # Note: the previous bucket's all-reduce overlapped with the backward that filled this
         # one; finishing it now keeps at most one bucket copy waiting, not the whole model.
         self._collect()
         params = self.buckets[i]
+        like = params[0].new_empty(0, dtype=self.precision.reduce(params[0].dtype))
         with allocating("comm_buffers"), torch.no_grad():
-            flat, absent = self.layouts[i].flatten_grads([p.grad for p in params], params[0])
+            flat, absent = self.layouts[i].flatten_grads([p.grad for p in params], like)
         handle = self.comm.all_reduce(flat, label=f"bucket{i}", async_op=True)
         self._in_flight.append(Reduction(i, flat, flat, handle, absent))
         self.mark(f"bucket{i}", "launched")
@@ -70,7 +85,7 @@ class DDP(Strategy):
                         continue  # no rank had a gradient for it: it stays None, as in torch
                     if p.grad is None:
                         with allocating("grads"):
-                            p.grad = g.clone()
+                            p.grad = g.to(p.dtype, copy=True)  # fp32 from reduce_dtype
                     else:
                         p.grad.copy_(g)
         self._in_flight.clear()
@@ -78,10 +93,18 @@ class DDP(Strategy):
     def _finish(self) -> None:
         """End of backward: every parameter now holds the gradient of the whole global batch."""
         self._collect()
+        self._owed = not self.sync_gradients
         self.mark("ddp", "backward_end")
 
+    def before_step(self) -> None:
+        check_synced("ddp", self._owed)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._owed = False
+
     def sent_bytes_per_step(self) -> float:
-        return ddp_sent_bytes(self.numel()[0], self.comm.world_size, self.element_size())
+        grad_dtype = self.precision.reduce(self.buckets[0][0].dtype)
+        return ddp_sent_bytes(self.numel()[0], self.comm.world_size, grad_dtype.itemsize)
 
     def memory_categories(self) -> dict[str, list[torch.Tensor]]:
         return {**super().memory_categories(),

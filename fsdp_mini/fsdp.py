@@ -28,6 +28,15 @@ which no ZeRO stage shards. Traffic per step: all-gather Ψ (forward) + all-gath
 for units freed after forward) + reduce-scatter Ψ = 3(N-1)/N x 4Ψ bytes per rank, 1.5x DDP.
 ``reshard_after_forward=False`` keeps units gathered from forward to backward: 2Ψ like DDP, more
 memory. The root unit is never freed after forward: backward needs it again at once.
+``prefetch=k`` issues the next k units' all-gathers before a unit computes (same bytes, k more
+units whole at a time; :mod:`fsdp_mini.fsdp_prefetch`). ``activation_checkpointing=True``
+recomputes each unit's activations in backward, while it is gathered for backward anyway.
+
+Mixed precision: with ``param_dtype=torch.bfloat16`` units are gathered and computed in bf16
+while the shards stay fp32; gradients are reduce-scattered in ``reduce_dtype`` (default fp32)
+(:mod:`fsdp_mini.precision`). Under ``fsdp_mini.no_sync`` a unit's flat gradient is kept whole
+and summed over micro-batches, then reduce-scattered once (:mod:`fsdp_mini.accumulate`).
+``offload=True`` keeps shards, gradients and optimizer state on the CPU (:mod:`fsdp_mini.offload`).
 """
 
 from __future__ import annotations
@@ -39,12 +48,17 @@ from torch import nn
 from torch.autograd import Variable
 from torch.utils._pytree import tree_leaves
 
+from .accumulate import LocalGradients, check_synced
 from .clip import GradWatch
 from .comm import Comm, Reduction, Tag, broadcast_module_states
-from .flat import FlatLayout, ParamSlot, ShardPieces
-from .fsdp_units import assign_slots, check_units
+from .flat import ParamSlot
+from .fsdp_group import FlatGroup
+from .fsdp_prefetch import Prefetcher
+from .fsdp_units import assign_slots, check_units, checkpoint_forward
 from .fsdp_whole import WholeView
 from .memory import allocating
+from .offload import check_offload
+from .precision import MixedPrecision, cast, cast_grad
 from .strategy import Strategy
 
 
@@ -55,123 +69,6 @@ class TrainingState(Enum):
     FORWARD = "forward"                    # its forward is running
     WAITING_FOR_BACKWARD = "waiting"       # forward done with grad; its backward is to come
     BACKWARD = "backward"                  # its backward is running
-
-
-class FlatGroup:
-    """One flat group of a unit's parameters: this rank's shard, and room for the whole group.
-
-    The gathered buffer is one storage that is resized to full size by ``unshard`` and to zero by
-    ``reshard``. Note: resizing the *storage* (rather than dropping the tensor) is what lets
-    autograd keep the views it saved for backward; they become valid again at the next unshard.
-    """
-
-    def __init__(self, slots: list[ParamSlot], comm: Comm, label: str, trainable: bool):
-        kinds = {(s.param.dtype, s.param.device) for s in slots}
-        if len(kinds) > 1:
-            raise ValueError(f"unit {label!r} mixes parameter dtypes/devices {sorted(map(str, kinds))}"
-                             f"; one flat buffer needs one kind: move or cast the model first, or "
-                             f"put the odd modules in a unit of their own")
-        self.layout, self.comm, self.label = FlatLayout(slots, comm.world_size), comm, label
-        self.trainable = trainable
-        with torch.no_grad():
-            full = self.layout.flatten([s.param.detach() for s in slots])
-        for slot in slots:  # the original, full parameters are freed: only the shard stays
-            slot.param.data = torch.empty(0, dtype=full.dtype, device=full.device)
-            slot.param = None
-        start, end = self.layout.shard_range(comm.rank)
-        with allocating("params"):
-            self.shard = full[start:end].clone()
-        self.pieces = ShardPieces(self.layout, self.shard, comm.rank)
-        with allocating("gathered_params"):
-            self._storage = torch.empty_like(full).untyped_storage()
-        self._full_nbytes = self._storage.nbytes()
-        self._storage.resize_(0)
-
-    @property
-    def is_gathered(self) -> bool:
-        return self._storage.nbytes() > 0
-
-    def gathered(self) -> torch.Tensor:
-        # A fresh tensor over the shared storage, with its own autograd version counter.
-        empty = torch.empty(0, dtype=self.shard.dtype, device=self.shard.device)
-        return empty.set_(self._storage, 0, (self.layout.padded_numel,))
-
-    def unshard(self, phase: str, force: bool = False) -> None:
-        if self.is_gathered and not force:
-            return
-        self._storage.resize_(self._full_nbytes)
-        self.comm.all_gather(self.gathered(), self.shard, label=Tag(self.label, phase))
-
-    def reshard(self) -> None:
-        self._storage.resize_(0)
-        self.point_modules_at(self.pieces.params)
-
-    def point_modules_at(self, tensors) -> None:
-        """Make each module attribute of the group (``block.mlp.weight``...) refer to ``tensors``.
-
-        Note: written into ``_parameters`` directly: during forward the attribute is a view of
-        the gathered buffer, which is not an ``nn.Parameter`` and which ``setattr`` would refuse.
-        """
-        for slot, t in zip(self.layout.slots, tensors):
-            for module, attr in slot.owners:
-                module._parameters[attr] = t
-
-    def use_in_forward(self, unit: "Unit") -> None:
-        """Point the modules' attributes at views of the gathered buffer for this forward.
-
-        With grad enabled the views come out of one leaf tensor through :class:`_Unflatten`:
-        once the unit's backward is over, autograd hands its gradient, as one flat tensor, to
-        :meth:`BackwardCall.reduce_scatter`. A piece frozen since ``parallelize`` gets a
-        detached view, so no gradient is made for it.
-        """
-        full = self.gathered()
-        frozen = [not p.requires_grad for p in self.pieces.params]
-        if self.trainable and torch.is_grad_enabled() and not all(frozen):
-            full.requires_grad_(True)
-            call = BackwardCall(unit, self)
-            full.register_post_accumulate_grad_hook(call.reduce_scatter)
-            views = [v.detach() if f else v
-                     for v, f in zip(_Unflatten.apply(full, self.layout, call), frozen)]
-            unit.backwards_to_come += 1
-        else:
-            views = self.layout.views(full)
-        self.point_modules_at(views)
-
-
-class BackwardCall:
-    """One forward of a unit's trainable group with grad, seen from its backward."""
-
-    def __init__(self, unit: "Unit", group: FlatGroup):
-        self.unit, self.group, self.absent = unit, group, []
-
-    def reduce_scatter(self, leaf: torch.Tensor) -> None:
-        """The unit's flat gradient is complete: reduce-scatter it; each rank keeps its shard."""
-        flat_grad, leaf.grad = leaf.grad, None
-        self.unit.fsdp.reduce_scatter_grad(self.group, flat_grad, self.absent)
-        self.unit.fsdp.mark(self.unit.name, "backward_done")
-
-
-class _Unflatten(torch.autograd.Function):
-    """Forward: the flat buffer -> one view per parameter. Backward: the gradients -> one flat
-    gradient, ready to reduce-scatter (a parameter that got none is marked absent).
-
-    Note: autograd runs this backward only once *every* gradient of the unit's parameters
-    exists, i.e. once the unit's backward is over: the moment to free the gathered parameters,
-    before the flat gradient is allocated.
-    """
-
-    @staticmethod
-    def forward(ctx, flat, layout, call):
-        ctx.set_materialize_grads(False)  # an unused parameter's gradient arrives as None
-        ctx.layout, ctx.call, ctx.like = layout, call, flat.new_empty(0)
-        return tuple(layout.views(flat))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        ctx.call.unit.backward_done()
-        with allocating("comm_buffers"):
-            flat, ctx.call.absent = ctx.layout.flatten_grads(list(grads), ctx.like)
-        return flat, None, None
 
 
 class Unit:
@@ -187,7 +84,8 @@ class Unit:
         for trainable, suffix in ((True, ""), (False, "[frozen]")):
             mine = [s for s in slots if s.requires_grad == trainable]
             if mine:
-                self.groups.append(FlatGroup(mine, fsdp.comm, self.name + suffix, trainable))
+                self.groups.append(FlatGroup(mine, fsdp.comm, self.name + suffix, trainable,
+                                             fsdp.precision.param_dtype, fsdp.offload))
         for group in self.groups:  # the module tree now holds this rank's pieces
             group.point_modules_at(group.pieces.params)
         module.register_forward_pre_hook(self.pre_forward)
@@ -196,7 +94,7 @@ class Unit:
     @property
     def padded_bytes(self) -> int:
         """Bytes of the whole unit once gathered (all its flat groups, padding included)."""
-        return sum(g.layout.padded_numel * g.shard.element_size() for g in self.groups)
+        return sum(g.layout.padded_numel * g.param_dtype.itemsize for g in self.groups)
 
     def _enter(self, state: TrainingState, *allowed: TrainingState) -> None:
         assert self.state in allowed, f"unit {self.name}: {self.state.value} -> {state.value}"
@@ -204,13 +102,16 @@ class Unit:
 
     # -- forward --------------------------------------------------------------------------------
 
-    def pre_forward(self, module, args) -> None:
+    def pre_forward(self, module, args) -> tuple | None:
         self._enter(TrainingState.FORWARD, TrainingState.IDLE,
                     TrainingState.WAITING_FOR_BACKWARD)
         for group in self.groups:
             group.unshard("forward")
+        self.fsdp.prefetch_after(self, "forward")  # the next unit's gather overlaps with this one
+        for group in self.groups:
             group.use_in_forward(self)
         self.fsdp.mark(self.name, "gathered")
+        return self.fsdp.precision.cast_inputs(args)  # Note: bf16 weights need bf16 inputs
 
     def post_forward(self, module, args, output) -> None:
         grad = torch.is_grad_enabled()
@@ -222,6 +123,8 @@ class Unit:
                     TrainingState.FORWARD)
         if not waiting or (self.reshard_after_forward and self is not self.fsdp.root):
             self.reshard()
+        if self is self.fsdp.root:
+            self.fsdp.forward_finished()
         self.fsdp.mark(self.name, "forward_done")
 
     # -- backward -------------------------------------------------------------------------------
@@ -233,6 +136,9 @@ class Unit:
         self.fsdp.backward_started()
         for group in self.groups:
             group.unshard("backward")
+            if self.fsdp.activation_checkpointing:
+                group.point_modules_at(group.forward_views)  # the recomputation reads them
+        self.fsdp.prefetch_after(self, "backward")
 
     def backward_done(self) -> None:
         """The unit's backward is over: free it, and finish the previous unit's reduce-scatter
@@ -256,8 +162,12 @@ class FSDP(WholeView, Strategy):
     traffic = "≈ 3Ψ"
 
     def __init__(self, module: nn.Module, comm: Comm, recorder=None, units=(),
-                 reshard_after_forward: bool = True):
+                 reshard_after_forward: bool = True, param_dtype: torch.dtype | None = None,
+                 reduce_dtype: torch.dtype | None = None, prefetch: int | bool = False,
+                 activation_checkpointing: bool = False, offload: bool = False):
         super().__init__(module, comm, recorder)
+        self.precision = MixedPrecision(param_dtype, reduce_dtype).check_effect(module, "fsdp")
+        self.offload = offload and check_offload(module)
         self.state_dict_keys = list(module.state_dict().keys())
         broadcast_module_states(module, comm)
         unit_names = check_units(module, units)
@@ -267,7 +177,13 @@ class FSDP(WholeView, Strategy):
         self.units = [Unit(self, m, unit_names.get(id(m), ""), slots_by_unit[id(m)],
                            reshard_after_forward) for m in list(units) + [module]]
         self.root = self.units[-1]
+        ahead = int(prefetch)  # True means one unit ahead
+        self.prefetcher = Prefetcher(ahead) if ahead else None
+        self.activation_checkpointing = activation_checkpointing
+        for unit in self.units[:-1] if activation_checkpointing else ():
+            checkpoint_forward(unit.module)  # the root's forward is the whole model: not it
         self._pending: list[Reduction] = []
+        self.local_grads = LocalGradients()  # whole flat gradients kept under no_sync
         self._backward_queued = False
         self.watch = GradWatch("fsdp", "this rank's shards of the averaged gradients")
 
@@ -284,6 +200,32 @@ class FSDP(WholeView, Strategy):
                     f"now; frozen parameters are sharded apart and never reduce-scattered. Set "
                     f"requires_grad before calling parallelize (freezing later is fine).")
 
+    # -- prefetch (see fsdp_prefetch) ----------------------------------------------------------
+
+    def prefetch_after(self, unit: Unit, direction: str) -> None:
+        """``unit`` is gathered and about to compute: issue the gathers of the units after it."""
+        if self.prefetcher is None:
+            return
+        order = self.prefetcher
+        if direction == "forward" and unit is self.root:
+            order.forward_started()
+            ahead = order.first_in_forward()
+        elif direction == "forward":
+            ahead = order.next_in_forward(unit)
+        else:  # only units whose backward is still to come
+            ahead = [u for u in order.next_in_backward(unit)
+                     if u.state is TrainingState.WAITING_FOR_BACKWARD]
+        for later in ahead:
+            for group in later.groups:
+                group.prefetch(direction)
+
+    def forward_finished(self) -> None:
+        """The root's forward is over: free units prefetched for a forward that skipped them."""
+        if self.prefetcher is not None:
+            for unit in self.prefetcher.forward_finished():
+                if unit.state is TrainingState.IDLE:
+                    unit.reshard()
+
     # -- backward -------------------------------------------------------------------------------
 
     def backward_started(self) -> None:
@@ -292,8 +234,13 @@ class FSDP(WholeView, Strategy):
             Variable._execution_engine.queue_callback(self._backward_end)
 
     def reduce_scatter_grad(self, group: FlatGroup, flat_grad: torch.Tensor, absent) -> None:
+        flat_grad = cast_grad(flat_grad, self.precision.reduce(group.shard.dtype))  # bf16 -> fp32
+        if not self.sync_gradients:
+            self.local_grads.keep(group, flat_grad, absent)  # no_sync: sent by a later backward
+            return
+        flat_grad, absent = self.local_grads.take(group, flat_grad, absent)
         with allocating("grads"):
-            mine = torch.empty_like(group.shard)
+            mine = torch.empty(group.shard.numel(), dtype=flat_grad.dtype, device=flat_grad.device)
         handle = self.comm.reduce_scatter(mine, flat_grad, label=Tag(group.label, "grad"),
                                           async_op=True)
         self._pending.append(Reduction(group, flat_grad, mine, handle, absent))
@@ -306,11 +253,16 @@ class FSDP(WholeView, Strategy):
         """
         with torch.no_grad():
             for work in self._pending:
-                work.target.pieces.add_grads(work.mean(self.comm.world_size), work.absent)
+                mean = cast(work.mean(self.comm.world_size), work.target.shard.dtype, "grads")
+                mean = mean.to(work.target.shard.device)  # offload: the gradient shard goes home
+                work.target.pieces.add_grads(mean, work.absent)
         self._pending.clear()
 
     def _backward_end(self) -> None:
         """Autograd has finished: collect the last gradients, free every unit."""
+        if self.sync_gradients:  # units kept under no_sync that this backward did not use
+            for group, flat_grad, absent in self.local_grads.leftovers(self.groups()):
+                self.reduce_scatter_grad(group, flat_grad, absent)
         self.collect_grads()
         for unit in self.units:
             unit.reshard()
@@ -324,8 +276,10 @@ class FSDP(WholeView, Strategy):
 
     def before_step(self) -> None:
         self.watch.check()
+        check_synced("fsdp", self.local_grads.owed)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self.local_grads.clear()
         self.watch.remember(self.grads_for_norm()[0])  # the pieces are the module's parameters
 
     def grads_for_norm(self) -> tuple[list[torch.Tensor], bool]:
@@ -340,5 +294,5 @@ class FSDP(WholeView, Strategy):
         return {"params": [g.shard for g in groups],
                 "gathered_params": [g._storage for g in groups],
                 "grads": [t for g in groups for t in g.pieces.grads()]
-                + [work.result for work in self._pending],
+                + [work.result for work in self._pending] + self.local_grads.tensors(),
                 "comm_buffers": [work.sent for work in self._pending]}

@@ -7,7 +7,10 @@ norm, head). A parameter belongs to the innermost unit whose module contains it.
 
 from __future__ import annotations
 
+from functools import partial
+
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .flat import ParamSlot, param_slots
 
@@ -59,3 +62,14 @@ def assign_slots(module: nn.Module, unit_names: dict[int, str]) -> dict[int, lis
                              f"unit, e.g. leave them all in the root (not in units=)")
         by_unit[owners.pop()].append(slot)
     return by_unit
+
+
+def checkpoint_forward(module: nn.Module) -> None:
+    """Run ``module``'s forward under activation checkpointing (non-reentrant).
+
+    Only the unit's inputs are kept for backward; its activations are recomputed when backward
+    reaches it, while the unit is gathered for its backward anyway, so the recomputation costs
+    compute but no extra all-gather. Note: the forward hooks stay outside the checkpoint, so
+    the recomputation neither gathers nor frees anything by itself.
+    """
+    module.forward = partial(checkpoint, module.forward, use_reentrant=False)

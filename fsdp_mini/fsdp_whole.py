@@ -14,37 +14,38 @@ import torch
 from torch import nn
 
 from .comm import Tag
+from .memory import allocating
 from .theory import UnitSize, fsdp_sent_bytes
 
 
 class WholeView:
-    """Needs ``self.units``, ``self.groups()``, ``self.comm``, ``self.module`` and
-    ``self.state_dict_keys`` (FSDP has them)."""
+    """Needs ``self.units``, ``self.groups()``, ``self.comm``, ``self.module``,
+    ``self.state_dict_keys`` and ``self.precision`` (FSDP has them)."""
 
     @contextmanager
     def summon(self, writeback: bool):
-        """Every unit gathered, its module attributes the whole (detached) tensors."""
+        """Every unit gathered, its module attributes the whole tensors.
+
+        Note: gathered into fresh buffers in the shards' dtype, not into the units' own (bf16 in
+        mixed precision): a reader wants the master weights, and a writeback through bf16 would
+        round every shard."""
         busy = [u.name for u in self.units
                 if u.state.value in ("forward", "backward")]
         if busy:
             raise RuntimeError(f"summon_full_params inside the forward or backward of unit(s) "
                                f"{busy}; call it between training steps")
-        was_gathered = {id(g): g.is_gathered for g in self.groups()}
         before = [dict(o._parameters) for u in self.units for o in _owners(u)]
-        for group in self.groups():
-            group.unshard("summon", force=True)
-            group.point_modules_at(group.layout.views(group.gathered().detach()))
+        wholes = [self._whole(group, "summon") for group in self.groups()]
+        for group, full in zip(self.groups(), wholes):
+            group.point_modules_at(group.layout.views(full))
         try:
             yield
             if writeback:
                 with torch.no_grad():
-                    for group in self.groups():
+                    for group, full in zip(self.groups(), wholes):
                         start, end = group.layout.shard_range(self.comm.rank)
-                        group.shard.copy_(group.gathered()[start:end])
+                        group.shard.copy_(full[start:end])
         finally:
-            for group in self.groups():
-                if not was_gathered[id(group)]:
-                    group.reshard()
             for owner, params in zip([o for u in self.units for o in _owners(u)], before):
                 owner._parameters.update(params)
 
@@ -52,9 +53,7 @@ class WholeView:
         """Every parameter gathered, under its original name; collective: all ranks call it."""
         tensors: dict[str, torch.Tensor] = {}
         for group in self.groups():
-            full = torch.empty(group.layout.padded_numel, dtype=group.shard.dtype,
-                               device=group.shard.device)
-            self.comm.all_gather(full, group.shard, label=Tag(group.label, "state_dict"))
+            full = self._whole(group, "state_dict")
             for slot, view in zip(group.layout.slots, group.layout.views(full)):
                 value = view.clone()
                 for name in slot.names:
@@ -62,6 +61,14 @@ class WholeView:
         for name, buf in self.module.named_buffers():
             tensors[name] = buf.detach().clone()
         return OrderedDict((k, tensors[k]) for k in self.state_dict_keys)
+
+    def _whole(self, group, phase: str) -> torch.Tensor:
+        """The group's whole flat tensor, all-gathered in the shards' own dtype."""
+        with allocating("gathered_params"):
+            full = torch.empty(group.layout.padded_numel, dtype=group.shard.dtype,
+                               device=group.device)
+        self.comm.all_gather(full, group.shard.to(group.device), label=Tag(group.label, phase))
+        return full
 
     def numel(self) -> tuple[int, int]:
         slots = [s for g in self.groups() for s in g.layout.slots]
@@ -79,7 +86,10 @@ class WholeView:
                           frozen=sum(g.layout.padded_numel for g in u.groups if not g.trainable),
                           gathered_in_backward=u.reshard_after_forward and u is not self.root)
                  for u in self.units]
-        return fsdp_sent_bytes(sizes, self.comm.world_size, self.element_size())
+        shard_dtype = self.groups()[0].shard.dtype
+        return fsdp_sent_bytes(sizes, self.comm.world_size,
+                               self.precision.param(shard_dtype).itemsize,
+                               reduce_bytes=self.precision.reduce(shard_dtype).itemsize)
 
 
 

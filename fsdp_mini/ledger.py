@@ -78,6 +78,10 @@ class CollectiveRecord:
     phase: str = ""
     group: str = "world"  # which process group: the whole world, or (HSDP) a part of it
     waited: float = 0.0   # seconds after issue when this rank began to wait for it (0: blocking)
+    # With a simulated link (fsdp_mini.Link), else nan: the α-β seconds it occupied the link,
+    # and the seconds from issue until the link began it (queued behind earlier collectives).
+    simulated_seconds: float = float("nan")
+    simulated_queue: float = float("nan")
 
 
 @dataclass

@@ -18,7 +18,7 @@ from matplotlib.ticker import FuncFormatter, Locator, MaxNLocator
 from .memory import CATEGORIES
 from .theory import STRATEGIES
 from .telemetry.runstate import Runs, RunState, phase_order
-from .telemetry.units import fmt_bytes, fmt_rate, fmt_seconds, phase_name
+from .telemetry.units import fmt_bytes, fmt_link, fmt_rate, fmt_seconds, phase_name
 
 CATEGORY_COLORS = {"params": "#4C72B0", "gathered_params": "#9DC3E6", "grads": "#55A868",
                    "optimizer_state": "#8172B2", "comm_buffers": "#C44E52",
@@ -230,12 +230,15 @@ def bandwidth(data, ax=None) -> Figure:
                    alpha=alpha, edgecolor="black", lw=0.5)
             ax.text(i + dx, row[key] / scale, f"{key}\n{fmt_rate(row[key])}", ha="center",
                     va="bottom", fontsize=7)
+    key = "sim_seconds" if run.link else "seconds"
     ax.set_xticks(range(len(rows)), [f"{r['op'].replace('_', '-')}\n{r['calls']} calls, "
-                                     f"{fmt_seconds(r['seconds'])}" for r in rows], fontsize=8)
+                                     f"{fmt_seconds(r[key])}" for r in rows], fontsize=8)
     ax.set_ylabel(unit)
     ax.margins(y=0.3)
+    when = (f"time on the {fmt_link(run.link)}" if run.link
+            else "time = issue → done seen by the host")
     ax.set_title("Bandwidth per collective: algbw = payload/time, busbw = algbw × (N−1)/N\n"
-                 "(× 2(N−1)/N for all-reduce); time = issue → done seen by the host", fontsize=9)
+                 f"(× 2(N−1)/N for all-reduce); {when}", fontsize=9)
     return ax.figure
 
 
@@ -294,8 +297,9 @@ def step_timeline(data, ax=None) -> Figure:
     _rank_axis(ax, ranks)
     ax.set_xlabel("time since the step started (ms)")
     ax.margins(x=0.18)
-    ax.set_title(f"Step {step}: compute (upper lane) and collectives (lower lane) per rank",
-                 fontsize=10)
+    note = f"\ncollectives as the {fmt_link(run.link)} carried them" if run.link else ""
+    ax.set_title(f"Step {step}: compute (upper lane) and collectives (lower lane) per rank"
+                 + note, fontsize=10)
     _legend_below(ax, ncol=5)
     return ax.figure
 

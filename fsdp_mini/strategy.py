@@ -43,6 +43,7 @@ class Strategy:
     strategy = "?"                    # the name ``parallelize`` takes
     sharded: tuple[str, ...] = ()     # which parts of the model state it splits over the ranks
     traffic = "0"                     # what one step sends, for people: "2Ψ" (times 4(N−1)/N)
+    sync_gradients = True             # False inside ``fsdp_mini.no_sync`` (set_gradient_sync)
 
     def __init__(self, module: nn.Module, comm: Comm, recorder=None):
         self.module, self.comm, self.recorder = module, comm, recorder
@@ -67,6 +68,14 @@ class Strategy:
         """What the optimizer factory is called with."""
         return [p for p in self.module.parameters() if p.requires_grad]
 
+    def set_gradient_sync(self, enabled: bool) -> None:
+        """``fsdp_mini.no_sync`` calls this with False on entry and restores the value on exit:
+        while False, a backward only accumulates gradients on this rank (no collective), and the
+        next backward with True communicates their sum. The default only remembers it in
+        ``sync_gradients``: enough where backward sends nothing (single, zero1), and harmless
+        where a strategy ignores it (its backward then simply communicates every time)."""
+        self.sync_gradients = enabled
+
     def before_step(self) -> None:
         """Called by ``optimizer.step()`` before the update."""
 
@@ -82,7 +91,8 @@ class Strategy:
         return [p.grad for p in self.module.parameters() if p.grad is not None], False
 
     def after_clip(self) -> None:
-        """``fsdp_mini.clip_grad_norm_`` has scaled the gradients."""
+        """``fsdp_mini.clip_grad_norm_`` (or ``ShardedGradScaler.unscale_``) has scaled the
+        gradients in place."""
 
     # -- what it holds, and what the formulas say it should --------------------------------------
 

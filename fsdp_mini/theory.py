@@ -20,6 +20,11 @@ Bytes sent per rank per step follow the ring model of :mod:`fsdp_mini.ledger` (o
     fsdp   all-gather Ψ (forward) + all-gather of the units freed after forward (backward)
            + reduce-scatter Ψ                         3(N-1)/N x 4Ψ with every unit freed
 
+Mixed precision (:mod:`fsdp_mini.precision`) changes the bytes per element of each collective:
+fsdp with ``param_dtype`` bf16 gathers 2-byte elements and reduce-scatters 4-byte ones,
+(2 + 2 + 4)(N-1)/N x Ψ instead of 12(N-1)/N x Ψ; ``reduce_dtype`` bf16 halves the gradients'
+part under every strategy (ddp: 2(N-1)/N x 2Ψ). The model state kept between steps is unchanged.
+
 "Padded" counts round every flat bucket or unit up to a multiple of N, exactly as
 :mod:`fsdp_mini.flat` lays them out.
 """
@@ -86,18 +91,24 @@ def ddp_sent_bytes(numel: int, world_size: int, elem_bytes: int = 4) -> float:
     return ring_bytes("all_reduce", numel * elem_bytes, world_size)
 
 
-def zero_sent_bytes(padded_numel: int, world_size: int, elem_bytes: int = 4) -> float:
-    """A reduce-scatter of the gradients, then an all-gather of the updated parameters."""
-    payload = padded_numel * elem_bytes
-    return (ring_bytes("reduce_scatter", payload, world_size)
-            + ring_bytes("all_gather", payload, world_size))
+def zero_sent_bytes(padded_numel: int, world_size: int, elem_bytes: int = 4,
+                    reduce_bytes: int | None = None) -> float:
+    """A reduce-scatter of the gradients (``reduce_bytes`` per element, default ``elem_bytes``),
+    then an all-gather of the updated parameters."""
+    grads = padded_numel * (elem_bytes if reduce_bytes is None else reduce_bytes)
+    return (ring_bytes("reduce_scatter", grads, world_size)
+            + ring_bytes("all_gather", padded_numel * elem_bytes, world_size))
 
 
-def fsdp_sent_bytes(units: list[UnitSize], world_size: int, elem_bytes: int = 4) -> float:
-    """Per unit: all-gather in forward, again in backward if it was freed, reduce-scatter."""
+def fsdp_sent_bytes(units: list[UnitSize], world_size: int, elem_bytes: int = 4,
+                    reduce_bytes: int | None = None) -> float:
+    """Per unit: all-gather in forward, again in backward if it was freed, reduce-scatter.
+    Gathers move ``elem_bytes`` per element (2 with param_dtype bf16), the reduce-scatter
+    ``reduce_bytes`` (default ``elem_bytes``)."""
+    reduce_bytes = elem_bytes if reduce_bytes is None else reduce_bytes
     total = 0.0
     for u in units:
         whole = (u.trainable + u.frozen) * elem_bytes
         total += ring_bytes("all_gather", whole, world_size) * (2 if u.gathered_in_backward else 1)
-        total += ring_bytes("reduce_scatter", u.trainable * elem_bytes, world_size)
+        total += ring_bytes("reduce_scatter", u.trainable * reduce_bytes, world_size)
     return total

@@ -19,6 +19,16 @@ Memory per rank (fp32, Adam):
     zero2  params 4Ψ + grad shard 4Ψ/N + Adam 8Ψ/N  each bucket is reduce-scattered during
                                                      backward, as soon as its gradients are
                                                      ready, and its full gradients are freed
+
+Under ``fsdp_mini.no_sync``, zero1 changes nothing (it sends nothing during backward); zero2
+launches no bucket and keeps the full ``p.grad`` (4Ψ while accumulating), which the next backward
+outside the block reduce-scatters, summed (see :mod:`fsdp_mini.accumulate`).
+
+Mixed precision (:mod:`fsdp_mini.precision`): ``reduce_dtype=torch.bfloat16`` reduce-scatters
+the gradients in bf16 (zero2 flattens them into a bf16 buffer; zero1 casts its fp32 gradient
+buffer at the step) and casts each rank's averaged shard back to fp32 for the optimizer:
+(N-1)/N x (2Ψ + 4Ψ) bytes. The all-gather of the updated parameters stays fp32, and there is no
+``param_dtype``: every rank keeps whole fp32 parameters; compute in bf16 with ``torch.autocast``.
 """
 
 from __future__ import annotations
@@ -27,11 +37,13 @@ import torch
 from torch import nn
 
 from .absent import mark_absent, present_values
+from .accumulate import check_synced
 from .buckets import BucketScheduler, check_no_new_trainables, grad_ready_order, split_into_buckets
 from .comm import Comm, Reduction, broadcast_module_states
 from .flat import FlatLayout, ParamSlot, ShardPieces
 from .clip import GradWatch
 from .memory import allocating
+from .precision import MixedPrecision, cast, cast_grad
 from .strategy import Strategy
 from .theory import zero_sent_bytes
 
@@ -89,8 +101,11 @@ class Zero(Strategy):
     shard_grads = False
     traffic = "2Ψ"
 
-    def __init__(self, module: nn.Module, comm: Comm, recorder=None, bucket_mb: float = 25.0):
+    def __init__(self, module: nn.Module, comm: Comm, recorder=None, bucket_mb: float = 25.0,
+                 reduce_dtype: torch.dtype | None = None):
         super().__init__(module, comm, recorder)
+        self.precision = MixedPrecision(reduce_dtype=reduce_dtype).check_effect(module,
+                                                                                self.strategy)
         shard_grads = self.shard_grads
         broadcast_module_states(module, comm)
         groups = split_into_buckets(grad_ready_order(module), int(bucket_mb * 2**20))
@@ -98,6 +113,7 @@ class Zero(Strategy):
         self._known = {id(p) for b in groups for p in b}
         self._in_flight: list[Reduction] = []
         self._reduced = False  # ZeRO-1: gradients already reduce-scattered for this step
+        self._owed = False  # ZeRO-2: a backward under no_sync kept unreduced gradients in p.grad
         self.watch = GradWatch(self.strategy, "each rank's own gradients, not yet averaged")
         if shard_grads:
             self.scheduler = BucketScheduler(groups, self._reduce_scatter_bucket, self._finish)
@@ -119,11 +135,13 @@ class Zero(Strategy):
     # -- ZeRO-2: during backward ----------------------------------------------------------------
 
     def _reduce_scatter_bucket(self, i: int) -> None:
+        if not self.sync_gradients:
+            return  # no_sync: keep the full p.grad, accumulating; a later backward sends the sum
         self._collect_shard_grads()  # at most one bucket copy waits (see ddp._all_reduce_bucket)
         bucket = self.buckets[i]
+        like = bucket.flat.new_empty(0, dtype=self.precision.reduce(bucket.flat.dtype))
         with torch.no_grad(), allocating("comm_buffers"):
-            full, absent = bucket.layout.flatten_grads([p.grad for p in bucket.params],
-                                                       bucket.flat)
+            full, absent = bucket.layout.flatten_grads([p.grad for p in bucket.params], like)
         self._launch(i, full, absent)
         for p in bucket.params:  # the full gradients are no longer needed
             p.grad = None
@@ -133,13 +151,15 @@ class Zero(Strategy):
         """Each rank keeps the averaged gradient of the shards it owns, in its pieces."""
         with torch.no_grad():
             for work in self._in_flight:
-                self.buckets[work.target].pieces.add_grads(work.mean(self.comm.world_size),
-                                                           work.absent)
+                bucket = self.buckets[work.target]
+                mean = cast(work.mean(self.comm.world_size), bucket.flat.dtype, "grads")
+                bucket.pieces.add_grads(mean, work.absent)
         self._in_flight.clear()
 
     def _finish(self) -> None:
         """End of backward: ZeRO-2 collects the last buckets' shard gradients."""
         self._collect_shard_grads()
+        self._owed = self.shard_grads and not self.sync_gradients
         if not self.shard_grads:
             self.watch.remember(b.flat_grad for b in self.buckets)
         self.mark(self.strategy, "backward_end")
@@ -157,6 +177,7 @@ class Zero(Strategy):
     # -- both -----------------------------------------------------------------------------------
 
     def _launch(self, i: int, full: torch.Tensor, absent: list[int]) -> None:
+        full = cast_grad(full, self.precision.reduce(full.dtype))  # zero1's fp32 buffer -> bf16
         with allocating("grads"):
             mine = torch.empty(self.buckets[i].layout.shard_numel, dtype=full.dtype,
                                device=full.device)
@@ -164,6 +185,7 @@ class Zero(Strategy):
         self._in_flight.append(Reduction(i, full, mine, handle, absent))
 
     def before_step(self) -> None:
+        check_synced(self.strategy, self._owed)
         if not self.shard_grads and not self._reduced:
             self.reduce_scatter_grads()
 
@@ -180,6 +202,7 @@ class Zero(Strategy):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """``model.zero_grad()`` and ``optimizer.zero_grad()`` both clear the pieces too."""
+        self._owed = False
         for b in self.buckets:
             b.pieces.zero_grad(set_to_none)
         if not self.shard_grads:
@@ -204,11 +227,16 @@ class Zero(Strategy):
         return sum(b.layout.padded_numel for b in self.buckets)
 
     def sent_bytes_per_step(self) -> float:
-        return zero_sent_bytes(self.padded_numel(), self.comm.world_size, self.element_size())
+        grad_dtype = self.precision.reduce(self.buckets[0].flat.dtype)
+        return zero_sent_bytes(self.padded_numel(), self.comm.world_size, self.element_size(),
+                               reduce_bytes=grad_dtype.itemsize)
 
 
 class Zero1(Zero):
-    """ZeRO-1: the optimizer state is sharded; gradients are reduce-scattered at the step."""
+    """ZeRO-1: the optimizer state is sharded; gradients are reduce-scattered at the step.
+
+    ``fsdp_mini.no_sync`` changes nothing here: backward sends no gradient anyway, and however
+    many micro-batches accumulate, ``optimizer.step()`` reduce-scatters their sum once."""
 
     strategy = "zero1"
     sharded = ("optim",)

@@ -25,3 +25,16 @@ def test_tensor_bytes_agree_with_the_cuda_allocator():
     # the allocator rounds every block up (512 B granularity) and keeps NCCL's own buffers
     assert res["tensor_peak"] <= res["peak_allocated_bytes"] <= 1.25 * res["tensor_peak"], res
     assert res["reserved_bytes"] >= res["peak_allocated_bytes"]
+
+
+def test_offload_keeps_the_model_state_off_the_gpu():
+    res = launch(workers.offload_memory, 1, backend="nccl", timeout=120)[0]
+    on_gpu, offloaded = res[False], res[True]
+    print(f"\nGPU bytes kept between steps: {on_gpu['kept']} -> {offloaded['kept']}; GPU peak "
+          f"{on_gpu['peak']} -> {offloaded['peak']}; step {on_gpu['seconds'] * 1e3:.1f} -> "
+          f"{offloaded['seconds'] * 1e3:.1f} ms")
+    assert offloaded["devices"] == {"cpu"}  # shards, gradients and Adam's state
+    assert offloaded["kept"] < 0.5 * on_gpu["kept"]
+    assert offloaded["peak"] < on_gpu["peak"]
+    for key, value in offloaded["state"].items():
+        assert torch.allclose(value, on_gpu["state"][key], rtol=1e-5, atol=1e-6), key

@@ -20,7 +20,9 @@ OPTIMIZERS = {
 # (strategy, options) pairs every parity run covers
 VARIANTS = [("ddp", {}), ("zero1", {}), ("zero2", {}), ("fsdp", {}),
             ("fsdp", {"reshard_after_forward": False}), ("ddp", {"bucket_mb": 0.01}),
-            ("zero2", {"bucket_mb": 0.01})]
+            ("zero2", {"bucket_mb": 0.01}), ("fsdp", {"prefetch": True}),
+            ("fsdp", {"prefetch": 2, "activation_checkpointing": True}),
+            ("fsdp", {"offload": True})]  # on the CPU: a warning and no effect; on a GPU: offload
 
 
 def variant_name(strategy: str, options: dict) -> str:
@@ -249,3 +251,34 @@ def skip_a_unit(rank: int, world_size: int, check: bool, stamp_dir: str):
     model(x, y)[1].backward()
     opt.step()
     return "finished"
+
+
+def offload_memory(rank: int, world_size: int):
+    """GPU bytes kept between steps and the GPU peak of one step, with and without offload."""
+    import gc
+    import time
+    device = fsdp_mini.rank_device()
+    out = {}
+    for offload in (False, True):
+        gc.collect()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        model = make_model(GPTConfig.tiny()).to(device)
+        model, optimizer = fsdp_mini.parallelize(model, "fsdp", units=list(model.blocks),
+                                                 optimizer=OPTIMIZERS["adamw"], offload=offload)
+        batch = lambda s: tuple(t.to(device) for t in gpt_batch(s, rank, world_size))  # noqa: E731
+        training.train(model, optimizer, batch, 2)
+        torch.cuda.synchronize()
+        kept = torch.cuda.memory_allocated() - base
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        training.train(model, optimizer, batch, 1)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        devices = {t.device.type for p in model.fsdp_mini.optimizer_params()
+                   for t in [p, *optimizer.state[p].values()] if isinstance(t, torch.Tensor)}
+        out[offload] = {"kept": kept, "peak": torch.cuda.max_memory_allocated(),
+                        "seconds": seconds, "devices": devices,
+                        "state": {k: v.cpu() for k, v in fsdp_mini.full_state_dict(model).items()}}
+        del model, optimizer
+    return out

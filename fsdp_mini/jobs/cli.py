@@ -2,6 +2,7 @@
 
     fsdp-mini compare --world-size 4            # every strategy, one table
     fsdp-mini compare --json results.json       # and the figures as JSON (format in README)
+    fsdp-mini compare --link-bandwidth 1 --link-latency 50   # on a simulated 1 GB/s network
     fsdp-mini render-labs --out build/labs      # executed HTML copies of the labs
 
 Bad arguments are reported in one line on stderr with exit status 2, before any rank starts.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -43,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="default: nccl with one GPU per rank if there are enough, else gloo")
     cmp.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may hang")
     cmp.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
+    cmp.add_argument("--link-bandwidth", type=float, default=None, metavar="GB_PER_S",
+                     help="simulate a network of this bandwidth (10⁹ B/s per rank; default: none)")
+    cmp.add_argument("--link-latency", type=float, default=None, metavar="US",
+                     help="the simulated network's latency per message, in µs (default 0)")
     ren = sub.add_parser("render-labs", help="run the labs and write executed HTML copies")
     ren.add_argument("--out", default="build/labs", help="folder for the HTML files")
     ren.add_argument("--ci", action="store_true", help="run at CI size (quick, small model)")
@@ -110,11 +116,26 @@ def _check_args(args):
         raise ValueError(f"--steps must be at least {CompareConfig.warmup + 2} (warm-up, a timed "
                          f"and a memory-tracked step), got {args.steps}")
     strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
+    _check_link_args(args.link_bandwidth, args.link_latency)
     config = CompareConfig(strategies=strategies, steps=args.steps, global_batch=args.global_batch,
-                           model=args.model, progress=sys.stdout.isatty())
+                           model=args.model, progress=sys.stdout.isatty(),
+                           link_bandwidth_gbs=args.link_bandwidth,
+                           link_latency_us=args.link_latency or 0.0)
     world_size, backend, _, _ = check_launch_args(world_size, args.backend, args.timeout)
     _check_json_path(args.json)
     return world_size, backend, config
+
+
+def _check_link_args(bandwidth: float | None, latency: float | None) -> None:
+    if bandwidth is None and latency is not None:
+        raise ValueError("--link-latency needs --link-bandwidth: a simulated link has both, e.g. "
+                         "--link-bandwidth 1 --link-latency 50")
+    if bandwidth is not None and not 0 < bandwidth < math.inf:  # Note: also false for nan
+        raise ValueError(f"--link-bandwidth must be a finite number of GB/s > 0, e.g. 1.0, got "
+                         f"{bandwidth:g}")
+    if latency is not None and not 0 <= latency < math.inf:
+        raise ValueError(f"--link-latency must be a finite number of microseconds >= 0, e.g. 50, "
+                         f"got {latency:g}")
 
 
 def compare_command(args) -> int:
@@ -127,11 +148,13 @@ def compare_command(args) -> int:
     except (ValueError, TypeError) as err:
         return _error(str(err))
     params = make_model(config.gpt()).num_params()
+    link = config.link()
     print(f"fsdp-mini compare: GPT with {params / 1e6:.2f}M parameters (Ψ), world size "
-          f"{world_size}, {config.steps} steps, global batch {config.global_batch}", flush=True)
+          f"{world_size}, {config.steps} steps, global batch {config.global_batch}"
+          + (f", simulated link {link.describe()}" if link else ""), flush=True)
     started = time.perf_counter()
     per_rank = launch(compare_on_rank, world_size, config, backend=backend, timeout=args.timeout)
-    report = gather_report(per_rank, world_size, params)
+    report = gather_report(per_rank, world_size, params, link)
     print(format_table(report))
     print(f"({time.perf_counter() - started:.0f} s; peak = tensor bytes this training added, "
           f"state = params + grads + optimizer state after a step; theory from the ZeRO formulas)")

@@ -4,7 +4,8 @@
 every rank builds the same model, trains it for a few steps on its slice of the same global
 batches, and reports: peak tensor memory by category (one tracked step), the model state it keeps
 between steps, the bytes it sent per step, its median step time and its final loss. ``single``
-is the reference: rank 0 alone trains on the whole global batch.
+is the reference: rank 0 alone trains on the whole global batch. With ``link_bandwidth_gbs``
+(``--link-bandwidth``) every strategy runs on a simulated network (:class:`~fsdp_mini.Link`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.distributed as dist
 
 from ..api import STRATEGIES, expected_costs, parallelize
 from ..launcher import rank_device
+from ..link import Link
 from ..memory import PERSISTENT
 from ..models import GPTConfig, SyntheticText, make_model
 from ..registry import get_strategy
@@ -37,9 +39,17 @@ class CompareConfig:
     lr: float = 1e-3
     bucket_mb: float = 2.0  # several buckets, so DDP/ZeRO overlap communication with backward
     progress: bool = False
+    link_bandwidth_gbs: float | None = None  # a simulated link (None: the real one)
+    link_latency_us: float = 0.0
 
     def gpt(self) -> GPTConfig:
         return GPTConfig.tiny() if self.model == "tiny" else GPTConfig()
+
+    def link(self) -> Link | None:
+        """A fresh simulated link for one model, or None."""
+        if self.link_bandwidth_gbs is None:
+            return None
+        return Link(self.link_bandwidth_gbs, self.link_latency_us)
 
     def __post_init__(self):
         # Note: checked here, not only in the CLI, so a bad config fails in the caller before any
@@ -70,6 +80,9 @@ class CompareConfig:
             raise ValueError(f"global_batch must be >= 1 (sequences per step), got {self.global_batch}")
         if self.model not in ("default", "tiny"):
             raise ValueError(f"model must be 'default' or 'tiny', got {self.model!r}")
+        if self.link_bandwidth_gbs is None and self.link_latency_us != 0:
+            raise ValueError("link_latency_us needs link_bandwidth_gbs: a simulated link has both")
+        self.link()  # Note: Link checks its own numbers
 
 
 @dataclass
@@ -110,7 +123,8 @@ def _run(strategy, rank, world_size, config, data, whole_batch=False):
     options = ({"bucket_mb": config.bucket_mb}
                if "bucket_mb" in get_strategy(strategy).options() else {})
     model, optimizer = parallelize(model, strategy, units=list(model.blocks),
-                                   optimizer=partial(torch.optim.AdamW, lr=config.lr), **options)
+                                   optimizer=partial(torch.optim.AdamW, lr=config.lr),
+                                   link=config.link(), **options)
 
     def batches(step):
         x, y = (data.batch(step, config.global_batch) if whole_batch else
@@ -136,14 +150,16 @@ def _progress_bar(done: int, total: int, name: str) -> None:
     sys.stdout.flush()
 
 
-def gather_report(per_rank: list[dict], world_size: int, params: int) -> dict:
+def gather_report(per_rank: list[dict], world_size: int, params: int,
+                  link: Link | None = None) -> dict:
     """Merge the ranks' results into the JSON report of ``fsdp-mini compare --json``."""
     strategies = {}
     for rank_out in per_rank:
         for name, res in rank_out.items():
             entry = strategies.setdefault(name, {"theory": res["theory"], "ranks": []})
             entry["ranks"].append(asdict(res["rank"]))
-    return {"world_size": world_size, "params": params, "strategies": strategies}
+    return {"world_size": world_size, "params": params, "strategies": strategies,
+            "link": link.as_dict() if link is not None else None}
 
 
 def format_table(report: dict) -> str:

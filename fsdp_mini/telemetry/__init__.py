@@ -19,11 +19,13 @@ set ``FSDP_MINI_EVENTS_DIR`` for them).
 Events (one JSON object per line; times are Unix seconds; ``step`` is the ledger's step):
 
     meta        world_size, strategy, params, theory{sent_bytes_per_step, persistent_bytes},
-                formulas{memory, sent}, units[{name, bytes}], device, backend
+                formulas{memory, sent}, units[{name, bytes}], device, backend,
+                [link{bandwidth_gbs, latency_us}] (a simulated link, see fsdp_mini.link)
     memory      label, [unit, phase], total_bytes, by_category{6 categories}, [cuda{...}]
     collective  op, unit, phase, group, label, payload_bytes, sent_bytes, start, end,
                 waited (when this rank began to wait: start for a blocking one, later for an
-                asynchronous one, which ran while the rank computed)
+                asynchronous one, which ran while the rank computed),
+                [sim_start, sim_end] (with a simulated link: when the link carried it)
     step        loss, start, end
     end         (the rank stopped recording)
 

@@ -6,6 +6,7 @@ collectives and the training loop's steps into events, and appends them to
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 
@@ -66,7 +67,8 @@ class Recorder:
                    strategy=engine.strategy, params=sum(engine.numel()), units=units,
                    theory=engine.expected_costs(),
                    formulas=engine.formulas(engine.element_size()), device=str(device),
-                   backend=dist.get_backend() if self.world_size > 1 else "none")
+                   backend=dist.get_backend() if self.world_size > 1 else "none",
+                   **_link_fields(engine.comm))
         for record in self.ledger.records:  # what happened before we listened (wrap-time sync)
             self._collective(record)
         self.ledger.next_step()
@@ -97,9 +99,13 @@ class Recorder:
         self._watch_activations(False)
 
     def _collective(self, r: CollectiveRecord) -> None:
+        # Note: the simulated transfer (sim_start, sim_end) only with a simulated link.
+        sim = ({"sim_start": r.start + r.simulated_queue,
+                "sim_end": r.start + r.simulated_queue + r.simulated_seconds}
+               if math.isfinite(r.simulated_seconds) else {})
         self._emit("collective", step=r.step, op=r.op, unit=r.unit, phase=r.phase, group=r.group,
                    label=r.label, payload_bytes=r.payload_bytes, sent_bytes=r.sent_bytes,
-                   start=r.start, end=r.start + r.seconds, waited=r.start + r.waited)
+                   start=r.start, end=r.start + r.seconds, waited=r.start + r.waited, **sim)
 
     # -- called by the training loop ------------------------------------------------------------
 
@@ -161,3 +167,9 @@ class Recorder:
         self._file.flush()
         self._pending.clear()
         self._last_flush = now
+
+
+def _link_fields(comm) -> dict:
+    """``{"link": {"bandwidth_gbs", "latency_us"}}`` for a simulated link, else nothing."""
+    link = getattr(comm, "link", None)
+    return {"link": link.as_dict()} if link is not None else {}

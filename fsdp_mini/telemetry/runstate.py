@@ -30,7 +30,7 @@ class RankState:
     collectives: dict = field(default_factory=dict)  # step -> collective events (recent steps only)
     sent_by_op: dict = field(default_factory=dict)   # op -> bytes sent, whole run
     sent_by_step: dict = field(default_factory=dict)  # step -> op -> bytes sent
-    op_stats: dict = field(default_factory=dict)     # op -> [calls, payload bytes, seconds]
+    op_stats: dict = field(default_factory=dict)     # op -> [calls, payload, seconds, sim. seconds]
     steps: dict = field(default_factory=dict)        # step -> step event
     ended: bool = False
 
@@ -56,6 +56,7 @@ class RunState:
         self.strategy, self.params, self.theory, self.units = name, None, {}, []
         self.formulas: dict[str, str] = {}
         self.device = self.backend = None
+        self.link: dict | None = None  # {bandwidth_gbs, latency_us} of a simulated link
         self.ranks: dict[int, RankState] = {}
         self.events = 0
 
@@ -76,6 +77,7 @@ class RunState:
         self.formulas = ev.get("formulas") or _formulas_of(self.strategy)
         self.units = ev.get("units") or []
         self.device, self.backend = ev.get("device"), ev.get("backend")
+        self.link = ev.get("link")
 
     def _on_memory(self, ev, rs):
         rs.memory = ev
@@ -89,10 +91,11 @@ class RunState:
         rs.sent_by_op[op] = rs.sent_by_op.get(op, 0.0) + sent
         per_step = rs.sent_by_step.setdefault(step, {})
         per_step[op] = per_step.get(op, 0.0) + sent
-        stats = rs.op_stats.setdefault(op, [0, 0, 0.0])
+        stats = rs.op_stats.setdefault(op, [0, 0, 0.0, 0.0])
         stats[0] += 1
         stats[1] += ev.get("payload_bytes", 0)
         stats[2] += max(0.0, ev["end"] - ev["start"])
+        stats[3] += max(0.0, ev["sim_end"] - ev["sim_start"]) if "sim_end" in ev else 0.0
         rs.keep_recent(rs.collectives, step, self.keep_steps).append(ev)
 
     def _on_step(self, ev, rs):
@@ -145,14 +148,17 @@ class RunState:
                 for u in order}
 
     def bandwidth(self) -> list[dict]:
-        """Per op over all ranks and calls: calls, payload, busy seconds, algbw and busbw."""
+        """Per op over all ranks and calls: calls, payload, busy seconds, algbw and busbw.
+
+        With a simulated link, ``sim_seconds`` is the time on the link and algbw and busbw are
+        computed from it (busbw is then the link's bandwidth, less the latency terms)."""
         rows = []
         for op in sorted({op for rs in self.ranks.values() for op in rs.op_stats}, key=_op_order):
-            calls = sum(rs.op_stats.get(op, [0])[0] for rs in self.ranks.values())
-            payload = sum(rs.op_stats.get(op, [0, 0])[1] for rs in self.ranks.values())
-            seconds = sum(rs.op_stats.get(op, [0, 0, 0.0])[2] for rs in self.ranks.values())
-            alg = algbw(payload, seconds)
+            calls, payload, seconds, sim = (sum(rs.op_stats[op][i] for rs in self.ranks.values()
+                                                if op in rs.op_stats) for i in range(4))
+            alg = algbw(payload, sim if self.link else seconds)
             rows.append({"op": op, "calls": calls, "payload_bytes": payload, "seconds": seconds,
+                         "sim_seconds": sim if self.link else None,
                          "algbw": alg, "busbw": alg * busbw_factor(op, self.world_size or 1)})
         return [row for row in rows if row["op"] != "barrier"]
 
@@ -169,11 +175,13 @@ class RunState:
         return sum(losses) / len(losses) if losses else None
 
     def intervals(self, r: int, step: int) -> tuple[float, float, list[tuple]] | None:
-        """(step start, step end, [(start, end, op, label), ...]) of rank ``r`` in ``step``."""
+        """(step start, step end, [(start, end, op, label), ...]) of rank ``r`` in ``step``:
+        issue to done, or, with a simulated link, when the link carried it."""
         step_ev = self.rank(r).steps.get(step)
         if step_ev is None:
             return None
-        comm = [(ev["start"], ev["end"], ev["op"], ev.get("label", ""))
+        comm = [(ev.get("sim_start", ev["start"]), ev.get("sim_end", ev["end"]), ev["op"],
+                 ev.get("label", ""))
                 for ev in self.rank(r).collectives.get(step, []) if ev["op"] != "barrier"]
         return step_ev["start"], step_ev["end"], sorted(comm)
 

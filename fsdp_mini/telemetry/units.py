@@ -63,6 +63,14 @@ def fmt_seconds(seconds) -> str:
     return f"{int(s // 60)} min {s % 60:.0f} s"
 
 
+def fmt_link(link: dict | None) -> str:
+    """A simulated link of a meta event: ``{"bandwidth_gbs": 1, "latency_us": 50}`` ->
+    ``'simulated link: 1 GB/s, 50 µs'`` (``''`` without one)."""
+    if not link:
+        return ""
+    return f"simulated link: {link['bandwidth_gbs']:g} GB/s, {link['latency_us']:g} µs"
+
+
 # -- bandwidth, nccl-tests convention --------------------------------------------------------------
 
 def busbw_factor(op: str, world_size: int) -> float:

@@ -12,7 +12,7 @@ from ..plots import CATEGORY_COLORS, CATEGORY_NAMES, COMPUTE_COLOR, OP_COLORS, r
 from ..memory import CATEGORIES
 from ..telemetry.runstate import Runs, RunState, phase_order
 from .timeline_svg import memory_timeline_svg
-from ..telemetry.units import fmt_bytes, fmt_rate, fmt_seconds, phase_name
+from ..telemetry.units import fmt_bytes, fmt_link, fmt_rate, fmt_seconds, phase_name
 
 
 
@@ -92,6 +92,8 @@ class Dashboard(_Live):
             facts.append(f"{run.params:,} parameters (Ψ)")
         if run.device:
             facts.append(f"{run.device} / {run.backend}")
+        if run.link:
+            facts.append(fmt_link(run.link))
         facts += [f"step {step if step is not None else '–'}",
                   f"loss {loss:.4f}" if loss is not None else "loss –",
                   f"median step {fmt_seconds(run.step_seconds())}", self.status]
@@ -180,14 +182,19 @@ class Dashboard(_Live):
                              + ["total"], rows))
 
     def _bandwidth_html(self, run: RunState) -> str:
+        sim = bool(run.link)  # Note: with a simulated link, its time is the one that counts
         rows = [[op_name(b["op"]), b["calls"], fmt_bytes(b["payload_bytes"]),
-                 fmt_seconds(b["seconds"]), fmt_rate(b["algbw"]), fmt_rate(b["busbw"])]
-                for b in run.bandwidth()]
-        return ("<b>Bandwidth per collective</b>, all ranks, whole run" +
-                table_html(["op", "calls", "payload", "time", "algbw", "busbw"], rows) +
+                 fmt_seconds(b["seconds"])] + ([fmt_seconds(b["sim_seconds"])] if sim else []) +
+                [fmt_rate(b["algbw"]), fmt_rate(b["busbw"])] for b in run.bandwidth()]
+        head = ["op", "calls", "payload", "time"] + (["on link"] if sim else []) + ["algbw",
+                                                                                   "busbw"]
+        note = (f"<br>{fmt_link(run.link)}: algbw and busbw from the time on the link (its "
+                "α-β ring cost)." if sim else "")
+        return ("<b>Bandwidth per collective</b>, all ranks, whole run" + table_html(head, rows) +
                 f'<div style="{FONT};color:#666">nccl-tests convention: algbw = payload / time; '
                 "busbw = algbw × (N−1)/N (all-gather, reduce-scatter), × 2(N−1)/N (all-reduce). "
-                "GB/s = 10⁹ B/s. Time is issue → done as the host saw it (waiting included).</div>")
+                "GB/s = 10⁹ B/s. Time is issue → done as the host saw it (waiting included)."
+                f"{note}</div>")
 
     def _steps_html(self, run: RunState) -> str:
         step = run.last_step()
@@ -211,8 +218,10 @@ class Dashboard(_Live):
         legend = swatches_html([("compute", f"background:{COMPUTE_COLOR}")] +
                                [(op_name(op), f"background:{OP_COLORS.get(op, 'grey')}")
                                 for op in ops])
+        note = (f'<div style="{FONT};color:#666">collectives as the {fmt_link(run.link)} '
+                "carried them</div>" if run.link else "")
         return (f"<b>Step {step}: compute (upper lane) and collectives (lower lane)</b>, "
-                f"{fmt_seconds(span)} across ranks" + "".join(rows) + legend)
+                f"{fmt_seconds(span)} across ranks" + "".join(rows) + legend + note)
 
 
 def _lane(intervals, t0, span) -> str:
