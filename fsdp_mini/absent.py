@@ -29,9 +29,10 @@ from __future__ import annotations
 import torch
 
 
-def present_values(t: torch.Tensor) -> torch.Tensor:
-    """Make every zero of a real gradient +0.0, in place (other values unchanged)."""
-    return t.add_(0.0)
+def present_values(t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Make every zero of a real gradient +0.0 (other values unchanged): in place, or written
+    into ``out`` (a copy and the sign fix in one pass)."""
+    return t.add_(0.0) if out is None else torch.add(t, 0.0, out=out)
 
 
 def mark_absent(t: torch.Tensor) -> torch.Tensor:

@@ -40,16 +40,33 @@ def grad_ready_order(module: nn.Module) -> list[nn.Parameter]:
     return list(reversed(list(unique.values())))
 
 
-def check_no_new_trainables(module: nn.Module, known: set[int], strategy: str) -> None:
-    """A clear error for a parameter that requires grad but has no bucket: one frozen when
-    ``parallelize`` ran and unfrozen since, or one added to the model afterwards. Its gradient
-    would never be averaged, and the ranks would drift apart."""
-    for name, p in module.named_parameters():
-        if p.requires_grad and id(p) not in known:
-            raise RuntimeError(
-                f"{strategy}: parameter {name!r} requires grad but was frozen (or did not exist) "
-                f"when parallelize ran, so its gradient would never be averaged over ranks. "
-                f"Set requires_grad before calling parallelize (freezing later is fine).")
+class TrainableCheck:
+    """Called before each forward: a clear error for a parameter that requires grad but has no
+    bucket: one frozen when ``parallelize`` ran and unfrozen since, or one added to one of the
+    model's modules afterwards. Its gradient would never be averaged, and the ranks would drift.
+
+    Note: the modules are listed once, at wrap time, and only their own ``_parameters`` are
+    read each step: walking ``named_parameters()`` before every forward costs about a
+    millisecond on a 3 M-parameter GPT.
+    """
+
+    def __init__(self, module: nn.Module, known: set[int], strategy: str):
+        self.module, self.known, self.strategy = module, known, strategy
+        self.modules = list(module.modules())
+
+    def __call__(self, *_) -> None:
+        for m in self.modules:
+            for p in m._parameters.values():
+                if p is not None and p.requires_grad and id(p) not in self.known:
+                    self._fail()
+
+    def _fail(self) -> None:
+        name = next(n for n, p in self.module.named_parameters()
+                    if p.requires_grad and id(p) not in self.known)
+        raise RuntimeError(
+            f"{self.strategy}: parameter {name!r} requires grad but was frozen (or did not "
+            f"exist) when parallelize ran, so its gradient would never be averaged over ranks. "
+            f"Set requires_grad before calling parallelize (freezing later is fine).")
 
 
 class BucketScheduler:

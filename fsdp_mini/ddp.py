@@ -27,7 +27,7 @@ from torch import nn
 
 from .absent import absent_everywhere
 from .accumulate import check_synced
-from .buckets import BucketScheduler, check_no_new_trainables, grad_ready_order, split_into_buckets
+from .buckets import BucketScheduler, TrainableCheck, grad_ready_order, split_into_buckets
 from .comm import Comm, Reduction, broadcast_module_states
 from .flat import FlatLayout, ParamSlot
 from .memory import allocating
@@ -55,7 +55,7 @@ class DDP(Strategy):
         self._owed = False  # a backward under no_sync left unreduced gradients in p.grad
         self.scheduler = BucketScheduler(self.buckets, self._all_reduce_bucket, self._finish)
         module.register_forward_pre_hook(
-            lambda *_: check_no_new_trainables(module, self._known, "ddp"))
+            TrainableCheck(module, self._known, "ddp"))
         module.register_forward_hook(lambda *_: self.mark("ddp", "forward_done"))
 
     def _all_reduce_bucket(self, i: int) -> None:
@@ -76,18 +76,20 @@ class DDP(Strategy):
         """Wait for the buckets in flight and write their averaged gradients back."""
         with torch.no_grad():
             for work in self._in_flight:
-                flat = work.mean(self.comm.world_size)
+                work.handle.wait()
+                flat, n = work.result, self.comm.world_size  # the sum over ranks
                 layout, params = self.layouts[work.target], self.buckets[work.target]
                 starts = [layout.slots[j].offset for j in work.absent]
                 gone = {j for j, g in zip(work.absent, absent_everywhere(flat, starts)) if g}
                 for j, (p, g) in enumerate(zip(params, layout.views(flat))):
                     if j in gone:
                         continue  # no rank had a gradient for it: it stays None, as in torch
+                    # Note: the division by N is done while copying back: one pass, not two
                     if p.grad is None:
                         with allocating("grads"):
-                            p.grad = g.to(p.dtype, copy=True)  # fp32 from reduce_dtype
+                            p.grad = torch.div(g, n).to(p.dtype)  # fp32 from reduce_dtype
                     else:
-                        p.grad.copy_(g)
+                        torch.div(g, n, out=p.grad)
         self._in_flight.clear()
 
     def _finish(self) -> None:

@@ -102,9 +102,8 @@ class FlatLayout:
         flat[self.numel:].zero_()
         absent = [i for i, g in enumerate(grads) if g is None]
         for slot, g in zip(self.slots, grads):
-            if g is not None:
-                flat[slot.offset:slot.offset + slot.numel].copy_(g.reshape(-1))
-        present_values(flat)
+            if g is not None:  # copied with its zeros made +0.0, in one pass
+                present_values(g.reshape(-1), out=flat[slot.offset:slot.offset + slot.numel])
         for i in absent:
             mark_absent(self.slot_view(flat, i))
         return flat, absent

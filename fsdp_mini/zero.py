@@ -38,7 +38,7 @@ from torch import nn
 
 from .absent import mark_absent, present_values
 from .accumulate import check_synced
-from .buckets import BucketScheduler, check_no_new_trainables, grad_ready_order, split_into_buckets
+from .buckets import BucketScheduler, TrainableCheck, grad_ready_order, split_into_buckets
 from .comm import Comm, Reduction, broadcast_module_states
 from .flat import FlatLayout, ParamSlot, ShardPieces
 from .clip import GradWatch
@@ -122,7 +122,7 @@ class Zero(Strategy):
                                              on_grad=lambda i, j: self.buckets[i].adopt_grad(j))
             self.watch.remember(b.flat_grad for b in self.buckets)
         module.register_forward_pre_hook(
-            lambda *_: check_no_new_trainables(module, self._known, self.strategy))
+            TrainableCheck(module, self._known, self.strategy))
         module.register_forward_hook(lambda *_: self.mark(self.strategy, "forward_done"))
 
     def optimizer_params(self) -> list[nn.Parameter]:

@@ -44,7 +44,9 @@ def issue_order(rank: int, world_size: int, prefetch):
     training.train(model, opt, lambda s: gpt_batch(s, rank, world_size), 2)
     backward = [f"{r.unit}/{r.phase}" for r in ledger.select(2)
                 if r.phase in ("backward", "grad")]
-    return {**counter.seen, "backward": backward}
+    overlapped = sorted({f"{r.unit}/{r.phase}" for r in ledger.select(2, "all_gather")
+                         if r.waited > 0})  # issued, then computed, then waited for
+    return {**counter.seen, "backward": backward, "overlapped": overlapped}
 
 
 def gathered_peak(rank: int, world_size: int, prefetch, depth: int = 4, width: int = 128):

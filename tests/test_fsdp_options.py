@@ -37,6 +37,15 @@ def test_the_next_units_gather_is_issued_before_the_unit_computes(runs):
                                        "blocks.1/grad", "blocks.0/grad", "root/grad"]
 
 
+def test_prefetched_gathers_overlap_with_compute_in_the_ledger_and_timeline(runs):
+    # ``waited`` > 0: the rank computed between issuing the gather and waiting for it, which is
+    # what the dashboard's timeline draws as overlap. Blocking gathers wait at once (0).
+    order = runs[0]["order"]
+    assert order[False]["overlapped"] == []
+    assert order[True]["overlapped"] == ["blocks.0/backward", "blocks.0/forward",
+                                         "blocks.1/backward", "blocks.1/forward"]
+
+
 def test_prefetch_gathers_one_more_unit_at_a_time_and_sends_the_same_bytes(runs):
     peak = runs[0]["peak"]
     unit, root = peak[False]["unit"], peak[False]["root"]

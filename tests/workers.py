@@ -282,3 +282,22 @@ def offload_memory(rank: int, world_size: int):
                         "state": {k: v.cpu() for k, v in fsdp_mini.full_state_dict(model).items()}}
         del model, optimizer
     return out
+
+
+def bf16_on_gpu(rank: int, world_size: int):
+    """fsdp with bf16 units and torch fully_shard with the same policy, on this rank's GPU."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    device = fsdp_mini.rank_device()
+    batch = lambda s: tuple(t.to(device) for t in gpt_batch(s, rank, world_size))  # noqa: E731
+    mine = make_model(GPTConfig.tiny()).to(device)
+    mine, opt = fsdp_mini.parallelize(mine, "fsdp", units=list(mine.blocks), prefetch=True,
+                                      optimizer=OPTIMIZERS["adamw"], param_dtype=torch.bfloat16)
+    training.train(mine, opt, batch, 3)
+    theirs = make_model(GPTConfig.tiny()).to(device)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in theirs.blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(theirs, mp_policy=policy)
+    training.train(theirs, OPTIMIZERS["adamw"](theirs.parameters()), batch, 3)
+    return {"mine": {k: v.cpu() for k, v in fsdp_mini.full_state_dict(mine).items()},
+            "theirs": {k: v.full_tensor().cpu() for k, v in theirs.state_dict().items()}}
