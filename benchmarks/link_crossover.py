@@ -3,8 +3,8 @@
     python benchmarks/link_crossover.py [--quick] [--out build/link_crossover.png]
                                         [--latency-us 50] [--world-size 4]
 
-One launch (gloo). Every rank trains the GPT under ddp, fsdp and fsdp with ``prefetch=1`` (when
-the fsdp strategy has that option), without a link (before and after the sweep) and on
+One launch (gloo). Every rank trains the GPT under ddp, fsdp and fsdp with ``prefetch=1``,
+without a link (before and after the sweep) and on
 ``fsdp_mini.Link(bandwidth_gbs=b, latency_us=α)`` for each b of the sweep. It prints, per
 bandwidth, the median step time of each variant beside the α-β model's prediction and their ratio,
 finds the crossover, and saves a plot of step time against bandwidth.
@@ -238,11 +238,7 @@ def main(argv=None) -> int:
     parser.add_argument("--world-size", type=int, default=4)
     args = parser.parse_args(argv)
     spec = {**(QUICK if args.quick else FULL), "latency_us": args.latency_us, "global_batch": 8}
-    variants = [("ddp", "ddp", {}), ("fsdp", "fsdp", {})]
-    if "prefetch" in fsdp_mini.registry.get_strategy("fsdp").options():
-        variants.append(("fsdp+prefetch", "fsdp", {"prefetch": 1}))
-    else:
-        print("note: the fsdp strategy has no prefetch option yet; fsdp+prefetch is skipped")
+    variants = [("ddp", "ddp", {}), ("fsdp", "fsdp", {}), ("fsdp+prefetch", "fsdp", {"prefetch": 1})]
     names = [v[0] for v in variants]
     started = time.perf_counter()
     per_rank = fsdp_mini.launch(sweep_rank, args.world_size, variants, spec, timeout=300)
