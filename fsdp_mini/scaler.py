@@ -86,12 +86,12 @@ class ShardedGradScaler:
             raise RuntimeError("unscale_() was already called on this optimizer since the last "
                                "update(); call it once per step, before step()")
         grads, _ = engine.grads_for_norm()
-        bad = torch.zeros(1, device=_device(optimizer))
+        bad = torch.zeros(1, device=engine.comm.device)  # offloaded gradients are on the CPU
         with torch.no_grad():
             for g in grads:
                 g.mul_(1.0 / self._scale)  # Note: exact while the scale is a power of two
                 if g.numel():
-                    bad = torch.maximum(bad, (~torch.isfinite(g)).any().float())
+                    bad = torch.maximum(bad, (~torch.isfinite(g)).any().float().to(bad.device))
         if engine.comm.world_size > 1:
             # Note: also when gradients are whole copies (ddp): 4 bytes, and ranks that disagreed
             # on a skip would drift apart for good, silently.
@@ -152,7 +152,3 @@ def _engine_of(optimizer):
                          "for a plain model use torch.amp.GradScaler")
     return engine
 
-
-def _device(optimizer) -> torch.device:
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    return params[0].device if params else torch.device("cpu")
