@@ -30,6 +30,7 @@ from torch import nn
 
 from .comm import Comm, Ledger
 from .fsdp import FSDP
+from .meta_init import MetaInit, check_meta_init, has_meta
 from .precision import no_param_dtype
 from .registry import get_strategy
 from .strategy import Strategy
@@ -39,12 +40,14 @@ from .wrap import make_parallel
 
 def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.AdamW, lr=1e-3),
                 units=None, *, process_group=None, ledger: Ledger | None = None, recorder=None,
-                check_collectives: bool = False, link=None, **options):
+                check_collectives: bool = False, link=None, param_init_fn=None, device=None,
+                **options):
     """Apply ``strategy`` to ``module``; return ``(module, optimizer)``, used like plain torch.
 
     Args:
-        strategy: "single", "ddp", "zero1", "zero2" or "fsdp" (or the name of a strategy added
-            with ``register_strategy``, or such a class itself).
+        strategy: "single", "ddp", "zero1", "zero2", "fsdp" or "hsdp" (FSDP inside groups of
+            ``shard_size=S`` ranks, replicated across them: :mod:`fsdp_mini.hsdp`), or the name
+            of a strategy added with ``register_strategy``, or such a class itself.
         optimizer: a factory called with the parameters this rank must optimise, e.g.
             ``partial(torch.optim.SGD, lr=0.1, momentum=0.9)``. Under zero and fsdp these are
             *pieces*: the part of each parameter inside this rank's shard (possibly empty).
@@ -61,6 +64,13 @@ def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.
         link: a simulated network, ``fsdp_mini.Link(bandwidth_gbs=1.0, latency_us=50)``: every
             collective then takes at least its α-β ring time on it (see :mod:`fsdp_mini.link`).
             Time only: the model trains to the same numbers. No effect at world size 1.
+        param_init_fn: for a model built on the meta device (``with torch.device("meta"):``),
+            the function that initialises it in place, called with each unit's module (fsdp,
+            hsdp: one unit at a time, then the root; other strategies: once, with the whole
+            model). Default: every module's own ``reset_parameters()``. See
+            :mod:`fsdp_mini.meta_init`. Ignored for a model with real tensors.
+        device: where a meta model is materialised (default: the CPU; on GPUs pass
+            ``fsdp_mini.rank_device()``). Ignored for a model with real tensors.
         options: ``bucket_mb`` (ddp, zero1, zero2); for fsdp ``reshard_after_forward``,
             ``prefetch`` (False; True or k: issue the next k units' all-gathers ahead, see
             :mod:`fsdp_mini.fsdp_prefetch`) and ``activation_checkpointing`` (False; True:
@@ -81,7 +91,10 @@ def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.
     is_class = isinstance(strategy, type) and issubclass(strategy, Strategy)
     cls = strategy if is_class else get_strategy(strategy)
     _check_arguments(module, cls, optimizer, options)
+    check_meta_init(module, param_init_fn, device)
     comm = Comm(process_group, ledger, check_collectives=check_collectives, link=link)
+    if has_meta(module):
+        options = _materialize(module, cls, comm, units, param_init_fn, device, options)
     if "units" in inspect.signature(cls.__init__).parameters:
         options = {**options, "units": units}
     engine = cls(module, comm, recorder=recorder, **options)
@@ -202,12 +215,6 @@ def _check_arguments(module, cls, optimizer, options) -> None:
     if not any(p.requires_grad for p in module.parameters()):
         raise ValueError(f"{type(module).__name__} has no trainable parameters: nothing to "
                          f"train or shard")
-    on_meta = [n for n, t in list(module.named_parameters()) + list(module.named_buffers())
-               if t.is_meta]
-    if on_meta:
-        raise ValueError(f"{on_meta[0]!r} is on the meta device (no values yet); build the model "
-                         f"on a real device, or materialise it first with "
-                         f"model.to_empty(device=...) and initialise its weights")
     unknown = set(options) - cls.options()
     if "param_dtype" in unknown and "reduce_dtype" in cls.options():
         raise TypeError(no_param_dtype(cls.strategy))
@@ -229,6 +236,18 @@ def _check_arguments(module, cls, optimizer, options) -> None:
             raise ValueError(f"prefetch must be True, False or how many units to gather ahead "
                              f"(an int >= 0, e.g. prefetch=1); got {ahead!r}")
     _check_optimizer_factory(optimizer)
+
+
+def _materialize(module, cls, comm, units, param_init_fn, device, options) -> dict:
+    """A meta model: fsdp (and its subclasses) materialise it unit by unit while they shard it
+    (they get ``meta_init``); other strategies keep it whole, so it is materialised whole now."""
+    by_unit = getattr(cls, "materializes_units", False)
+    meta = MetaInit(module, units if by_unit else (), param_init_fn, device)
+    meta.sync_rng(comm)  # Note: the same init on every rank, whatever the world size
+    if by_unit:
+        return {**options, "meta_init": meta}
+    meta.materialize(module)
+    return options
 
 
 def _check_optimizer_factory(optimizer) -> None:

@@ -174,10 +174,14 @@ class Comm:
 
 
 def broadcast_module_states(module: torch.nn.Module, comm: Comm) -> None:
-    """Make every rank start from rank 0's parameters and buffers."""
+    """Make every rank start from rank 0's parameters and buffers.
+
+    Note: tensors on the meta device have no values yet; they are initialised identically on
+    every rank when materialised (see :mod:`fsdp_mini.meta_init`)."""
     with torch.no_grad():
         for name, t in list(module.named_parameters()) + list(module.named_buffers()):
-            comm.broadcast(t.data, label=Tag("sync", name))
+            if not t.is_meta:
+                comm.broadcast(t.data, label=Tag("sync", name))
 
 
 @dataclass

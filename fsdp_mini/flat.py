@@ -128,8 +128,15 @@ class ShardPieces:
     def __init__(self, layout: FlatLayout, shard: torch.Tensor, rank: int):
         self.layout, self.shard = layout, shard
         self.ranges = layout.piece_ranges(rank)
+        self.start = layout.shard_range(rank)[0]
         self.params = [nn.Parameter(shard[lo:hi], requires_grad=slot.requires_grad)
                        for slot, (lo, hi) in zip(layout.slots, self.ranges)]
+
+    def in_params(self) -> list[tuple[int, int]]:
+        """For each piece, the elements ``[lo, hi)`` of its flattened original parameter it holds
+        (checkpoints). Example above: rank 1 -> w (3, 6), b (0, 0) (empty)."""
+        return [(self.start + lo - s.offset, self.start + hi - s.offset) if hi > lo else (0, 0)
+                for s, (lo, hi) in zip(self.layout.slots, self.ranges)]
 
     def add_grads(self, grad_shard: torch.Tensor, absent_here: list[int]) -> None:
         """Give each piece its part of ``grad_shard`` (the reduced, averaged gradient shard).

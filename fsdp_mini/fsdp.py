@@ -57,6 +57,7 @@ from .fsdp_prefetch import Prefetcher
 from .fsdp_units import assign_slots, check_units, checkpoint_forward
 from .fsdp_whole import WholeView
 from .memory import allocating
+from .meta_init import MetaInit
 from .offload import check_offload
 from .precision import MixedPrecision, cast, cast_grad
 from .strategy import Strategy
@@ -81,6 +82,10 @@ class Unit:
         self.state = TrainingState.IDLE
         self.backwards_to_come = 0  # forwards with grad whose backward has not finished yet
         self.groups: list[FlatGroup] = []
+        if fsdp.meta_init is not None:  # a meta model: this unit gets its values now, then shards
+            new = fsdp.meta_init.materialize(module)
+            for slot in slots:
+                slot.param = new.get(id(slot.param), slot.param)
         for trainable, suffix in ((True, ""), (False, "[frozen]")):
             mine = [s for s in slots if s.requires_grad == trainable]
             if mine:
@@ -160,16 +165,19 @@ class FSDP(WholeView, Strategy):
     strategy = "fsdp"
     sharded = ("params", "grads", "optim")
     traffic = "≈ 3Ψ"
+    materializes_units = True  # a meta model is materialised one unit at a time (meta_init)
 
     def __init__(self, module: nn.Module, comm: Comm, recorder=None, units=(),
                  reshard_after_forward: bool = True, param_dtype: torch.dtype | None = None,
                  reduce_dtype: torch.dtype | None = None, prefetch: int | bool = False,
-                 activation_checkpointing: bool = False, offload: bool = False):
+                 activation_checkpointing: bool = False, offload: bool = False,
+                 meta_init: MetaInit | None = None):
         super().__init__(module, comm, recorder)
+        self.meta_init = meta_init  # set by parallelize for a meta model (fsdp_mini.meta_init)
         self.precision = MixedPrecision(param_dtype, reduce_dtype).check_effect(module, "fsdp")
         self.offload = offload and check_offload(module)
         self.state_dict_keys = list(module.state_dict().keys())
-        broadcast_module_states(module, comm)
+        self.broadcast_initial_states(module)
         unit_names = check_units(module, units)
         slots_by_unit = assign_slots(module, unit_names)
         module.register_forward_pre_hook(self._check_no_unfrozen)
@@ -186,6 +194,11 @@ class FSDP(WholeView, Strategy):
         self.local_grads = LocalGradients()  # whole flat gradients kept under no_sync
         self._backward_queued = False
         self.watch = GradWatch("fsdp", "this rank's shards of the averaged gradients")
+
+    def broadcast_initial_states(self, module: nn.Module) -> None:
+        """Make every rank start from rank 0's parameters and buffers (HSDP: over the world,
+        not only over its shard group)."""
+        broadcast_module_states(module, self.comm)
 
     def groups(self) -> list[FlatGroup]:
         return [g for u in self.units for g in u.groups]
@@ -253,10 +266,16 @@ class FSDP(WholeView, Strategy):
         """
         with torch.no_grad():
             for work in self._pending:
-                mean = cast(work.mean(self.comm.world_size), work.target.shard.dtype, "grads")
+                mean = self.reduce_shard_grad(work.target, work.mean(self.comm.world_size))
+                mean = cast(mean, work.target.shard.dtype, "grads")
                 mean = mean.to(work.target.shard.device)  # offload: the gradient shard goes home
                 work.target.pieces.add_grads(mean, work.absent)
         self._pending.clear()
+
+    def reduce_shard_grad(self, group: FlatGroup, mean: torch.Tensor) -> torch.Tensor:
+        """This rank's averaged gradient shard of ``group``, once its reduce-scatter is done.
+        FSDP keeps it as it is; HSDP averages it over the replicas (:mod:`fsdp_mini.hsdp`)."""
+        return mean
 
     def _backward_end(self) -> None:
         """Autograd has finished: collect the last gradients, free every unit."""

@@ -15,6 +15,7 @@ from torch import nn
 
 from .comm import Tag
 from .memory import allocating
+from .strategy import PieceRange
 from .theory import UnitSize, fsdp_sent_bytes
 
 
@@ -62,6 +63,13 @@ class WholeView:
             tensors[name] = buf.detach().clone()
         return OrderedDict((k, tensors[k]) for k in self.state_dict_keys)
 
+    def param_pieces(self) -> list[tuple[torch.Tensor, PieceRange]]:
+        """This rank's piece of every parameter, trainable or frozen (not collective)."""
+        return [(piece, PieceRange(tuple(slot.names), lo, hi, tuple(slot.shape)))
+                for group in self.groups()
+                for slot, piece, (lo, hi) in zip(group.layout.slots, group.pieces.params,
+                                                 group.pieces.in_params())]
+
     def _whole(self, group, phase: str) -> torch.Tensor:
         """The group's whole flat tensor, all-gathered in the shards' own dtype."""
         with allocating("gathered_params"):
@@ -82,14 +90,20 @@ class WholeView:
         return sum(g.layout.padded_numel for g in self.groups() if not g.trainable)
 
     def sent_bytes_per_step(self) -> float:
-        sizes = [UnitSize(trainable=sum(g.layout.padded_numel for g in u.groups if g.trainable),
-                          frozen=sum(g.layout.padded_numel for g in u.groups if not g.trainable),
-                          gathered_in_backward=u.reshard_after_forward and u is not self.root)
-                 for u in self.units]
+        return fsdp_sent_bytes(self.unit_sizes(), self.comm.world_size, *self.collective_bytes())
+
+    def unit_sizes(self) -> list[UnitSize]:
+        """Each unit as the formulas see it (padded element counts)."""
+        return [UnitSize(trainable=sum(g.layout.padded_numel for g in u.groups if g.trainable),
+                         frozen=sum(g.layout.padded_numel for g in u.groups if not g.trainable),
+                         gathered_in_backward=u.reshard_after_forward and u is not self.root)
+                for u in self.units]
+
+    def collective_bytes(self) -> tuple[int, int]:
+        """Bytes per element of the all-gathers (param_dtype) and the reduce-scatters."""
         shard_dtype = self.groups()[0].shard.dtype
-        return fsdp_sent_bytes(sizes, self.comm.world_size,
-                               self.precision.param(shard_dtype).itemsize,
-                               reduce_bytes=self.precision.reduce(shard_dtype).itemsize)
+        return (self.precision.param(shard_dtype).itemsize,
+                self.precision.reduce(shard_dtype).itemsize)
 
 
 

@@ -367,3 +367,28 @@ def comparison(data) -> Figure:
     fig.suptitle(f"The same job under {len(runs)} strateg{'y' if len(runs) == 1 else 'ies'}, N = "
                  f"{', '.join(map(str, world))}", fontsize=12)
     return fig
+
+
+def plan_bars(plan, ax=None) -> Figure:
+    """The planner's figure: one stacked bar per strategy (predicted peak bytes per GPU, by
+    category) and a line at the GPU's memory. ``plan``: a :class:`fsdp_mini.planner.Plan`."""
+    ax = _ax(ax, (7, 3.6))
+    names = list(plan.strategies)
+    bottoms = [0.0] * len(names)
+    scale = 1e9 if max([plan.gpu_mem_bytes] + [s.peak_bytes for s in plan.strategies.values()]
+                       ) >= 1e9 else 1e6
+    for cat in CATEGORIES:
+        heights = [plan.strategies[n].by_category[cat] / scale for n in names]
+        ax.bar(names, heights, bottom=bottoms, color=CATEGORY_COLORS[cat],
+               label=CATEGORY_NAMES[cat])
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.axhline(plan.gpu_mem_bytes / scale, color="#222222", ls="--", lw=1.2,
+               label=f"GPU memory ({plan.gpu_mem_bytes / 1e9:g} GB)")
+    for i, n in enumerate(names):
+        ax.text(i, bottoms[i], "fits" if plan.strategies[n].fits else "does not fit",
+                ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel(f"predicted peak per GPU ({'GB' if scale == 1e9 else 'MB'})")
+    ax.set_title(f"Ψ = {plan.params / 1e9:.3g}B on {plan.gpus} GPUs, {plan.precision}",
+                 fontsize=10)
+    _legend_below(ax)
+    return ax.figure

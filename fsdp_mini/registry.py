@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .ddp import DDP
 from .fsdp import FSDP
+from .hsdp import HSDP
 from .strategy import Single, Strategy
 from .zero import Zero1, Zero2
 
@@ -36,5 +37,5 @@ def strategy_names() -> tuple[str, ...]:
     return tuple(_BY_NAME)
 
 
-for _cls in (Single, DDP, Zero1, Zero2, FSDP):  # the kit's own, in ZeRO order
+for _cls in (Single, DDP, Zero1, Zero2, FSDP, HSDP):  # the kit's own, in ZeRO order
     register_strategy(_cls)

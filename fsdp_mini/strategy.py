@@ -19,12 +19,26 @@ from __future__ import annotations
 
 import inspect
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from . import theory
 from .comm import Comm
+from .flat import param_slots
+
+
+@dataclass(frozen=True)
+class PieceRange:
+    """Which part of an original parameter a tensor holds: elements ``[lo, hi)`` of it,
+    flattened. Example: rank 1 of 2 holds ``fc.weight`` (2x3) from 3 to 6, i.e.
+    ``PieceRange(("fc.weight",), 3, 6, (2, 3))``. Tied weights have several names."""
+
+    names: tuple[str, ...]
+    lo: int
+    hi: int
+    shape: tuple[int, ...]
 
 
 class Mark(str):
@@ -54,7 +68,7 @@ class Strategy:
         """The keyword options ``parallelize`` accepts for this strategy."""
         params = inspect.signature(cls.__init__).parameters
         return {name for name, p in params.items()
-                if name not in ("self", "module", "comm", "recorder", "units")
+                if name not in ("self", "module", "comm", "recorder", "units", "meta_init")
                 and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
 
     def mark(self, unit: str, phase: str) -> None:
@@ -103,6 +117,18 @@ class Strategy:
     def full_state_dict(self) -> "OrderedDict[str, torch.Tensor]":
         """The whole tensors under the module's ``state_dict()`` keys (collective if sharded)."""
         return OrderedDict((k, v.detach().clone()) for k, v in self.module.state_dict().items())
+
+    def param_pieces(self) -> list[tuple[torch.Tensor, PieceRange]]:
+        """Every parameter tensor this rank holds (trainable or frozen), with the part of the
+        original parameter it is (see :mod:`fsdp_mini.checkpoint`). Default: whole parameters,
+        ``(w, PieceRange(("fc.weight",), 0, 6, (2, 3)))``; fsdp returns its 1-D pieces."""
+        return [(s.param, PieceRange(tuple(s.names), 0, s.numel, tuple(s.shape)))
+                for s in param_slots(self.module)]
+
+    def optimizer_param_ranges(self) -> list[tuple[torch.Tensor, PieceRange]]:
+        """Each tensor the optimizer updates, with the part of an original parameter it is.
+        Default: the module's own tensors (``param_pieces``); zero returns its bucket pieces."""
+        return self.param_pieces()
 
     def numel(self) -> tuple[int, int]:
         """Elements of the original model: (trainable, frozen), each parameter counted once."""

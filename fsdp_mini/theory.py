@@ -19,6 +19,8 @@ Bytes sent per rank per step follow the ring model of :mod:`fsdp_mini.ledger` (o
     zero   reduce-scatter Ψ + all-gather Ψ            2(N-1)/N x 4Ψ
     fsdp   all-gather Ψ (forward) + all-gather of the units freed after forward (backward)
            + reduce-scatter Ψ                         3(N-1)/N x 4Ψ with every unit freed
+    hsdp   fsdp inside shard groups of S ranks        3(S-1)/S x 4Ψ
+           + all-reduce of the Ψ/S shard over G = N/S  2(G-1)/G x 4Ψ/S  (across the groups)
 
 Mixed precision (:mod:`fsdp_mini.precision`) changes the bytes per element of each collective:
 fsdp with ``param_dtype`` bf16 gathers 2-byte elements and reduce-scatters 4-byte ones,
@@ -112,3 +114,14 @@ def fsdp_sent_bytes(units: list[UnitSize], world_size: int, elem_bytes: int = 4,
         total += ring_bytes("all_gather", whole, world_size) * (2 if u.gathered_in_backward else 1)
         total += ring_bytes("reduce_scatter", u.trainable * reduce_bytes, world_size)
     return total
+
+
+def hsdp_sent_bytes(units: list[UnitSize], shard_size: int, world_size: int, elem_bytes: int = 4,
+                    reduce_bytes: int | None = None) -> float:
+    """FSDP's bytes inside a shard group of ``shard_size`` ranks, plus the all-reduce of each
+    rank's gradient shard (``trainable / S`` elements) over the G = N/S groups. Example, Ψ = 8
+    (one unit), N = 4, S = 2: 3 x 1/2 x 32 + 2 x 1/2 x 16 = 48 + 16 = 64 bytes."""
+    reduce_bytes = elem_bytes if reduce_bytes is None else reduce_bytes
+    inside = fsdp_sent_bytes(units, shard_size, elem_bytes, reduce_bytes)
+    shard = sum(u.trainable for u in units) // shard_size
+    return inside + ring_bytes("all_reduce", shard * reduce_bytes, world_size // shard_size)

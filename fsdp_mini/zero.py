@@ -40,11 +40,11 @@ from .absent import mark_absent, present_values
 from .accumulate import check_synced
 from .buckets import BucketScheduler, TrainableCheck, grad_ready_order, split_into_buckets
 from .comm import Comm, Reduction, broadcast_module_states
-from .flat import FlatLayout, ParamSlot, ShardPieces
+from .flat import FlatLayout, ParamSlot, ShardPieces, param_slots
 from .clip import GradWatch
 from .memory import allocating
 from .precision import MixedPrecision, cast, cast_grad
-from .strategy import Strategy
+from .strategy import PieceRange, Strategy
 from .theory import zero_sent_bytes
 
 
@@ -131,6 +131,13 @@ class Zero(Strategy):
                     for p, piece in zip(b.params, b.pieces.params)}
         return [by_param[id(p)] for p in {id(p): p for p in self.module.parameters()}.values()
                 if id(p) in by_param]
+
+    def optimizer_param_ranges(self) -> list[tuple[torch.Tensor, PieceRange]]:
+        """Each piece the optimizer updates, with the elements of its parameter it holds."""
+        names = {id(s.param): tuple(s.names) for s in param_slots(self.module)}
+        return [(piece, PieceRange(names[id(p)], lo, hi, tuple(p.shape)))
+                for b in self.buckets
+                for p, piece, (lo, hi) in zip(b.params, b.pieces.params, b.pieces.in_params())]
 
     # -- ZeRO-2: during backward ----------------------------------------------------------------
 

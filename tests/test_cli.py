@@ -101,7 +101,9 @@ BAD_ARGUMENTS = [
     (["--strategies", ""], "strategies must name at least one of single, ddp, zero1, zero2, fsdp, got none"),
     (["--strategies", " , "], "strategies must name at least one of single, ddp, zero1, zero2, fsdp, got none"),
     (["--strategies", "ddp,fsdp,ddp"], "strategies name ['ddp'] more than once; name each strategy once"),
-    (["--strategies", "ddp,zero3"], "unknown strategies ['zero3']; choose from single, ddp, zero1, zero2, fsdp"),
+    (["--strategies", "ddp,zero3"], "unknown strategies ['zero3']; choose from single, ddp, zero1, zero2, fsdp, hsdp"),
+    (["--shard-size", "3"], "--shard-size must divide --world-size 2, got 3; use one of [1, 2]"),
+    (["--strategies", "ddp,hsdp"], "hsdp needs shard_size (--shard-size S): the ranks that shard the model together, a divisor of the world size"),
 ]
 
 

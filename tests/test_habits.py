@@ -194,8 +194,20 @@ def test_bad_options_are_refused_before_anything_changes(bad, match):
     assert type(model) is hw.Habits
 
 
-def test_a_model_on_the_meta_device_is_refused():
+def test_a_model_on_the_meta_device_is_materialised_or_clearly_refused():
+    """Block.never has no reset_parameters() to initialise it: a clear error, before anything
+    changes; with param_init_fn= the model is materialised (see tests/test_meta_init.py)."""
     with torch.device("meta"):
         model = hw.Habits()
-    with pytest.raises(ValueError, match=r"meta device.*to_empty"):
+    with pytest.raises(ValueError, match=r"'block' \(Block\).*reset_parameters.*param_init_fn"):
         fsdp_mini.parallelize(model, "fsdp", units=[model.block])
+
+    def init(module):
+        for p in module.parameters():
+            if not p.is_meta:  # the root's turn: the unit's are meta stand-ins, skip them
+                nn.init.normal_(p)
+
+    model, _ = fsdp_mini.parallelize(model, "fsdp", units=[model.block], param_init_fn=init)
+    state = fsdp_mini.full_state_dict(model)
+    assert not any(v.is_meta for v in state.values())
+    assert model(*hw.batch(0)).isfinite()

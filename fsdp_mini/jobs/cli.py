@@ -3,7 +3,9 @@
     fsdp-mini compare --world-size 4            # every strategy, one table
     fsdp-mini compare --json results.json       # and the figures as JSON (format in README)
     fsdp-mini compare --link-bandwidth 1 --link-latency 50   # on a simulated 1 GB/s network
+    fsdp-mini compare --world-size 4 --shard-size 2          # and hsdp, 2 groups of 2
     fsdp-mini render-labs --out build/labs      # executed HTML copies of the labs
+    fsdp-mini plan --params 7e9 --gpus 8 --gpu-mem 80   # will it fit? (formulas, no ranks)
 
 Bad arguments are reported in one line on stderr with exit status 2, before any rank starts.
 """
@@ -19,6 +21,7 @@ import tempfile
 import time
 
 from ..api import STRATEGIES
+from .plan_cli import add_plan_parser, plan_command
 
 
 def _default_world_size() -> int:
@@ -34,8 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="train the tiny GPT under every strategy, side by side")
     cmp.add_argument("--world-size", type=int, default=None,
                      help="ranks to launch (default: GPUs if any, else 4 CPU processes)")
-    cmp.add_argument("--strategies", default=",".join(STRATEGIES),
-                     help=f"comma-separated, from {','.join(STRATEGIES)} (default: all)")
+    cmp.add_argument("--strategies", default=None,
+                     help=f"comma-separated, from {','.join(STRATEGIES)},hsdp (default: all but "
+                          f"hsdp; with --shard-size, hsdp too)")
+    cmp.add_argument("--shard-size", type=int, default=None, metavar="S",
+                     help="hsdp: ranks per shard group, a divisor of the world size (e.g. GPUs "
+                          "per host); adds hsdp to the default strategies")
     cmp.add_argument("--steps", type=int, default=8, help="training steps per strategy")
     cmp.add_argument("--global-batch", type=int, default=8,
                      help="sequences per step, split over the ranks (must divide by world size)")
@@ -53,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     ren.add_argument("--out", default="build/labs", help="folder for the HTML files")
     ren.add_argument("--ci", action="store_true", help="run at CI size (quick, small model)")
     ren.add_argument("labs", nargs="*", help="only these labs, by number or name (e.g. 03)")
+    add_plan_parser(sub)
     return parser
 
 
@@ -115,12 +123,19 @@ def _check_args(args):
     if args.steps < CompareConfig.warmup + 2:
         raise ValueError(f"--steps must be at least {CompareConfig.warmup + 2} (warm-up, a timed "
                          f"and a memory-tracked step), got {args.steps}")
-    strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
+    names = (args.strategies if args.strategies is not None
+             else ",".join(STRATEGIES + (("hsdp",) if args.shard_size else ())))
+    strategies = tuple(s.strip() for s in names.split(",") if s.strip())
+    if args.shard_size is not None and (args.shard_size < 1 or world_size % args.shard_size):
+        raise ValueError(f"--shard-size must divide --world-size {world_size}, got "
+                         f"{args.shard_size}; use one of "
+                         f"{[d for d in range(1, world_size + 1) if world_size % d == 0]}")
     _check_link_args(args.link_bandwidth, args.link_latency)
     config = CompareConfig(strategies=strategies, steps=args.steps, global_batch=args.global_batch,
                            model=args.model, progress=sys.stdout.isatty(),
                            link_bandwidth_gbs=args.link_bandwidth,
-                           link_latency_us=args.link_latency or 0.0)
+                           link_latency_us=args.link_latency or 0.0,
+                           shard_size=args.shard_size)
     world_size, backend, _, _ = check_launch_args(world_size, args.backend, args.timeout)
     _check_json_path(args.json)
     return world_size, backend, config
@@ -173,6 +188,8 @@ def main(argv=None) -> int:
         return compare_command(args)
     if args.command == "render-labs":
         return render_command(args)
+    if args.command == "plan":
+        return plan_command(args, _check_json_path)
     return 2
 
 

@@ -27,6 +27,7 @@ from ..models import GPTConfig, SyntheticText, make_model
 from ..registry import get_strategy
 from ..training import train
 
+RUNNABLE = STRATEGIES + ("hsdp",)  # hsdp runs when asked for, with a shard size
 
 
 @dataclass
@@ -41,6 +42,7 @@ class CompareConfig:
     progress: bool = False
     link_bandwidth_gbs: float | None = None  # a simulated link (None: the real one)
     link_latency_us: float = 0.0
+    shard_size: int | None = None  # for "hsdp": ranks per shard group (divides the world size)
 
     def gpt(self) -> GPTConfig:
         return GPTConfig.tiny() if self.model == "tiny" else GPTConfig()
@@ -64,9 +66,15 @@ class CompareConfig:
         repeated = sorted({s for s in self.strategies if self.strategies.count(s) > 1})
         if repeated:
             raise ValueError(f"strategies name {repeated} more than once; name each strategy once")
-        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        unknown = [s for s in self.strategies if s not in RUNNABLE]
         if unknown:
-            raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+            raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(RUNNABLE)}")
+        if "hsdp" in self.strategies and self.shard_size is None:
+            raise ValueError("hsdp needs shard_size (--shard-size S): the ranks that shard the "
+                             "model together, a divisor of the world size")
+        if self.shard_size is not None and (isinstance(self.shard_size, bool) or not isinstance(
+                self.shard_size, int) or self.shard_size < 1):
+            raise ValueError(f"shard_size must be an int >= 1, got {self.shard_size!r}")
         for name in ("steps", "warmup", "global_batch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -122,6 +130,8 @@ def _run(strategy, rank, world_size, config, data, whole_batch=False):
     model = make_model(config.gpt()).to(device)
     options = ({"bucket_mb": config.bucket_mb}
                if "bucket_mb" in get_strategy(strategy).options() else {})
+    if strategy == "hsdp":
+        options["shard_size"] = config.shard_size
     model, optimizer = parallelize(model, strategy, units=list(model.blocks),
                                    optimizer=partial(torch.optim.AdamW, lr=config.lr),
                                    link=config.link(), **options)

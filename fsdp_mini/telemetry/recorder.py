@@ -50,7 +50,8 @@ class Recorder:
         """Start recording a parallelized model (``parallelize(..., recorder=rec)`` calls it)."""
         engine = model.fsdp_mini
         self.model, self.ledger = model, engine.comm.ledger
-        self.world_size = engine.comm.world_size  # the strategy's own group, not the world's
+        # Note: the strategy's own group, not the world's; under hsdp, every group together
+        self.world_size = getattr(engine, "world_comm", engine.comm).world_size
         self.ledger.subscribe(self._collective)
         self.live = LiveMemory(model, optimizer)
         # Note: autograd's saved-tensor hooks are on only from a forward to the end of its step

@@ -222,8 +222,9 @@ class RunState:
         return self.theory.get("persistent_bytes")
 
     def theory_with_unit(self) -> float | None:
-        """FSDP: persistent state plus the largest unit gathered."""
-        if self.strategy != "fsdp" or not self.units or self.theory_persistent() is None:
+        """FSDP (and HSDP): persistent state plus the largest unit gathered."""
+        if self.strategy not in ("fsdp", "hsdp") or not self.units or \
+                self.theory_persistent() is None:
             return None
         return self.theory_persistent() + max(u["bytes"] for u in self.units)
 

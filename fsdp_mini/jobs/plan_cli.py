@@ -1,0 +1,122 @@
+"""``fsdp-mini plan``: will a model fit, per strategy, and what does a step send?
+
+    fsdp-mini plan --params 7e9 --gpus 8 --gpu-mem 80 --precision bf16-mixed
+    fsdp-mini plan --model 70b --gpus 64 --micro-batch 1 --checkpointing --json plan.json
+    fsdp-mini plan --layers 24 --hidden 2048 --heads 16 --vocab 50304 --seq 2048 --gpus 8
+
+Nothing is launched: the numbers come from :func:`fsdp_mini.plan` (the formulas). Bad input is
+one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ..planner import PLAN_STRATEGIES, PRECISIONS, format_plan, plan
+from ..planner_shapes import PRESETS, ModelShape
+
+SHAPE_ARGS = ("layers", "hidden", "heads", "vocab")  # a custom shape needs all four
+
+
+def kit_presets() -> dict[str, ModelShape]:
+    """The class presets plus the kit's own GPTs (``tiny``, ``default``)."""
+    from ..models import GPTConfig
+    return {**PRESETS, "tiny": ModelShape.from_gpt(GPTConfig.tiny()),
+            "default": ModelShape.from_gpt(GPTConfig())}
+
+
+def add_plan_parser(sub) -> None:
+    p = sub.add_parser("plan", help="predict memory and traffic per GPU for every strategy")
+    what = p.add_argument_group("the model: --params, --model, or a shape")
+    what.add_argument("--params", type=float, help="parameter count, e.g. 7e9 (no activations)")
+    what.add_argument("--model", help=f"a preset: {', '.join(kit_presets())}")
+    for name, example in (("layers", 32), ("hidden", 4096), ("heads", 32), ("vocab", 32000)):
+        what.add_argument(f"--{name}", type=int, help=f"shape: {name} (e.g. {example})")
+    what.add_argument("--kv-heads", type=int, help="shape: key/value heads (GQA; default heads)")
+    what.add_argument("--ffn", type=int, help="shape: MLP width (default 4 x hidden)")
+    what.add_argument("--seq", type=int, help="sequence length (default: the preset's, or 2048)")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU (default 1)")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs (data-parallel ranks, default 8)")
+    p.add_argument("--gpu-mem", type=float, default=80.0, help="GB (10⁹ B) per GPU (default 80)")
+    p.add_argument("--precision", default="bf16-mixed",
+                   help=f"{' or '.join(PRECISIONS)} (default bf16-mixed)")
+    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
+    p.add_argument("--offload", action="store_true", help="sharded state in CPU memory")
+    p.add_argument("--prefetch", action="store_true", help="fsdp gathers the next unit ahead")
+    p.add_argument("--shard-size", type=int, default=None,
+                   help="hsdp: GPUs per shard group (default min(8, --gpus): one node)")
+    p.add_argument("--link-bandwidth", type=float, default=50.0, metavar="GB_PER_S",
+                   help="per-GPU link bandwidth for the α-β time (default 50 GB/s)")
+    p.add_argument("--link-latency", type=float, default=10.0, metavar="US",
+                   help="latency per message, µs (default 10)")
+    p.add_argument("--strategies", default=",".join(PLAN_STRATEGIES),
+                   help=f"comma-separated, from {','.join(PLAN_STRATEGIES)} (default: all)")
+    p.add_argument("--json", metavar="PATH", help="also write the plan to PATH as JSON")
+
+
+def _model(args):
+    """(params, model) for :func:`plan` from the arguments."""
+    shape_given = [a for a in SHAPE_ARGS if getattr(args, a) is not None]
+    chosen = sum(x is not None for x in (args.params, args.model)) + bool(shape_given)
+    if chosen != 1:
+        raise ValueError("give one of --params (e.g. 7e9), --model (e.g. 7b) or a shape "
+                         "(--layers --hidden --heads --vocab), not both" if chosen
+                         else "give --params or --model (e.g. --params 7e9 or --model 7b), or a "
+                         "shape (--layers --hidden --heads --vocab)")
+    if args.model is not None:
+        presets = kit_presets()
+        if args.model.lower() not in presets:
+            raise ValueError(f"unknown model preset {args.model!r}; choose from "
+                             f"{', '.join(presets)}")
+        return None, presets[args.model.lower()]
+    if args.params is not None:
+        return args.params, None
+    missing = [f"--{a}" for a in SHAPE_ARGS if getattr(args, a) is None]
+    if missing:
+        raise ValueError(f"a shape needs {', '.join(missing)} too")
+    return None, ModelShape(args.layers, args.hidden, args.heads, args.vocab, args.seq or 2048,
+                            kv_heads=args.kv_heads, ffn=args.ffn)
+
+
+def _checked(args, check_json_path) -> dict:
+    for flag, value, ok, what in (
+            ("--gpus", args.gpus, args.gpus >= 1, "a whole number >= 1"),
+            ("--gpu-mem", args.gpu_mem, 0 < args.gpu_mem < float("inf"), "a number of GB > 0"),
+            ("--micro-batch", args.micro_batch, args.micro_batch >= 1, "a whole number >= 1"),
+            ("--link-bandwidth", args.link_bandwidth, 0 < args.link_bandwidth < float("inf"),
+             "a number of GB/s > 0"),
+            ("--link-latency", args.link_latency, 0 <= args.link_latency < float("inf"),
+             "a number of µs >= 0")):
+        if not ok:
+            raise ValueError(f"{flag} must be {what}, got {value:g}")
+    if args.json is not None:
+        check_json_path(args.json)
+    params, model = _model(args)
+    strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
+    return {"params": params, "model": model, "gpus": args.gpus, "gpu_mem_gb": args.gpu_mem,
+            "precision": args.precision, "micro_batch": args.micro_batch,
+            "seq": args.seq if model is not None and args.layers is None else None,
+            "checkpointing": args.checkpointing, "offload": args.offload,
+            "prefetch": args.prefetch, "shard_size": args.shard_size,
+            "bandwidth_gbs": args.link_bandwidth, "latency_us": args.link_latency,
+            "strategies": strategies}
+
+
+def plan_command(args, check_json_path) -> int:
+    """Run ``fsdp-mini plan``; ``check_json_path(path)`` raises ValueError for a --json path that
+    cannot be written (the one ``compare`` uses)."""
+    try:
+        result = plan(**_checked(args, check_json_path))
+    except (ValueError, TypeError) as err:
+        print(f"fsdp-mini plan: error: {err}", file=sys.stderr)
+        return 2
+    print(format_plan(result))
+    if args.json:
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(result.as_dict(), f, indent=1)
+        os.replace(tmp, args.json)
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,83 @@
+"""The planner as a widget: move a slider, see which strategies still fit.
+
+    from fsdp_mini.widgets.planner import Planner
+    Planner()          # in a notebook cell: controls, stacked bars per strategy, a table
+
+Controls: model (a preset or a parameter count), GPUs, GPU memory, precision, micro-batch,
+activation checkpointing, offload, link bandwidth. Every change re-plans
+(:func:`fsdp_mini.plan`) and redraws the bars of :func:`fsdp_mini.plots.plan_bars` as a PNG in
+an ``Image`` widget (no ipympl needed: it updates in any front-end); ``figure`` keeps the last
+matplotlib Figure for slides and static exports.
+"""
+
+from __future__ import annotations
+
+import io
+
+import ipywidgets as W
+
+from .. import plots
+from ..planner import PRECISIONS, format_plan, plan
+from ..planner_shapes import PRESETS
+
+PARAM_CHOICES = {"1B (params only)": 1e9, "7B (params only)": 7e9, "13B (params only)": 13e9,
+                 "70B (params only)": 70e9}
+
+
+class Planner(W.VBox):
+    """Sliders and drop-downs → :func:`fsdp_mini.plan` → stacked bars and a table."""
+
+    def __init__(self, model: str = "7b", gpus: int = 8, gpu_mem_gb: float = 80.0,
+                 precision: str = "bf16-mixed"):
+        super().__init__()
+        c = self.controls = {
+            "model": W.Dropdown(options=list(PRESETS) + list(PARAM_CHOICES), value=model,
+                                description="model"),
+            "gpus": W.IntSlider(value=gpus, min=1, max=1024, description="GPUs"),
+            "gpu_mem_gb": W.FloatSlider(value=gpu_mem_gb, min=8, max=192, step=8,
+                                        description="GPU GB"),
+            "precision": W.Dropdown(options=list(PRECISIONS), value=precision,
+                                    description="precision"),
+            "micro_batch": W.IntSlider(value=1, min=1, max=16, description="micro-batch"),
+            "checkpointing": W.Checkbox(value=False, description="activation checkpointing"),
+            "offload": W.Checkbox(value=False, description="offload sharded state"),
+            "bandwidth_gbs": W.FloatLogSlider(value=50, base=10, min=0, max=3,
+                                              description="link GB/s"),
+        }
+        self.image = W.Image(format="png")
+        self.table = W.HTML()
+        self.plan = None
+        self.figure = None
+        for control in c.values():
+            control.observe(lambda _: self.redraw(), names="value")
+        self.children = [W.HBox([W.VBox(list(c.values())[:4]), W.VBox(list(c.values())[4:])]),
+                         self.image, self.table]
+        self.redraw()
+
+    def arguments(self) -> dict:
+        c = {k: w.value for k, w in self.controls.items()}
+        model = c.pop("model")
+        gpus = c["gpus"]
+        shard = max(s for s in range(1, min(8, gpus) + 1) if gpus % s == 0)  # a node, or less
+        source = ({"params": PARAM_CHOICES[model]} if model in PARAM_CHOICES
+                  else {"model": model})
+        return {**source, **c, "shard_size": shard}
+
+    def redraw(self) -> None:
+        """Re-plan from the controls and redraw the bars and the table."""
+        self.plan = plan(**self.arguments())
+        self.figure = plots.plan_bars(self.plan)
+        buf = io.BytesIO()
+        self.figure.savefig(buf, format="png", dpi=90)
+        self.image.value = buf.getvalue()
+        self.table.value = f"<pre style='font-size:11px'>{format_plan(self.plan)}</pre>"
+
+    def bar_totals(self) -> dict[str, float]:
+        """The height of each strategy's bar (predicted peak bytes per GPU), as drawn."""
+        ax = self.figure.axes[0]
+        names = list(self.plan.strategies)  # drawn left to right in this order
+        totals = dict.fromkeys(self.plan.strategies, 0.0)
+        for patch in ax.patches:
+            i = round(patch.get_x() + patch.get_width() / 2)
+            totals[names[i]] += float(patch.get_height())
+        return totals
