@@ -13,7 +13,7 @@ import pytest
 from fsdp_mini.labs.render import LABS_DIR, lab_notebooks
 
 ROOT = LABS_DIR.parent
-EXPECTED = ["00_setup", "01_memory", "02_collectives", "03_ddp", "04_zero", "05_fsdp"]
+EXPECTED = ["00_setup", "01_memory", "02_collectives", "03_ddp", "04_zero", "05_fsdp", "06_fast", "07_bigger", "08_checkpoints", "09_debugging", "10_production"]
 
 
 def test_the_six_labs_are_there():

@@ -46,8 +46,12 @@ def test_deadline_stops_ranks_that_never_end(tmp_path):
     assert 4 <= time.monotonic() - start < 4 + 5
     text = str(info.value)
     assert text.startswith("the job passed its deadline of 4 s; ranks still running: 0, 1"), text
-    assert text.count("in busy_forever") >= 2, text  # each rank's Python stack, dumped when stopped
-    assert "Python stack of rank 1 when stopped" in text
+    # Each rank's Python stack, dumped when stopped. Note: on a heavily loaded machine a rank may
+    # still be importing torch at the deadline; only ranks that reached the loop are in it.
+    started = [r for r in range(2) if "in the loop now" in (tmp_path / f"rank{r}.log").read_text()]
+    assert text.count("in busy_forever") >= len(started), text
+    if 1 in started:
+        assert "Python stack of rank 1 when stopped" in text
 
 
 def test_second_ctrl_c_while_stopping_still_kills_ranks_that_ignore_sigterm(tmp_path):

@@ -23,9 +23,23 @@ from .lab02 import *  # noqa: F401,F403
 from .lab03 import *  # noqa: F401,F403
 from .lab04 import *  # noqa: F401,F403
 from .lab05 import *  # noqa: F401,F403
+from .lab06 import *  # noqa: F401,F403
+from .lab08 import *  # noqa: F401,F403
 from .interactive import *  # noqa: F401,F403
-from . import interactive, lab01, lab02, lab03, lab04, lab05
+from . import interactive, lab01, lab02, lab03, lab04, lab05, lab06, lab08
 
 __all__ = (["LabConfig", "in_ci", "lab_config", "exercise", "load_solution", "not_written_yet",
             "show_solution", "CheckFailed", "CheckResult"]
-           + [name for m in (lab01, lab02, lab03, lab04, lab05, interactive) for name in m.__all__])
+           + [name for m in (lab01, lab02, lab03, lab04, lab05, lab06, lab08, interactive) for name in m.__all__])
+
+from .lab09 import *  # noqa: E402,F401,F403  (lab 09: debugging)
+from . import lab09  # noqa: E402
+__all__ += lab09.__all__
+
+from .lab07 import *  # noqa: E402,F401,F403  (lab 07: fitting bigger models)
+from . import lab07  # noqa: E402
+__all__ += lab07.__all__
+
+from .lab10 import *  # noqa: E402,F401,F403  (lab 10: to production)
+from . import lab10  # noqa: E402
+__all__ += lab10.__all__

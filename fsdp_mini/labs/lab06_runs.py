@@ -1,0 +1,224 @@
+"""Lab 06's measurements: the fsdp variants side by side on one link, the DDP/FSDP bandwidth
+sweep, and what is read from them (the ledger's α-β costs, the fitted bytes, a timeline).
+
+    per_rank = fsdp_mini.launch(options_rank, N, "tiny", OPTION_VARIANTS, 4, Link(0.02, 200))
+    alone = fsdp_mini.launch(crossover_rank, N, "tiny", [], 4, 50.0)      # no link
+    kit = predict_from_ledger(alone, 50.0, margin=0.2)                    # C, L, B -> b*
+    swept = fsdp_mini.launch(crossover_rank, N, "tiny", [kit["predicted"] / 4], 4, 50.0)
+    crossover_table(swept, [kit["predicted"] / 4], kit, 0.2)              # measured b*
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from functools import partial
+
+from ..ledger import ring_bytes
+from ..link import Link
+
+__all__ = ["OPTION_VARIANTS", "crossover_rank", "crossover_table", "ledger_costs", "options_rank",
+           "predict_from_ledger", "solve_crossover", "timeline"]
+
+# name: (units, fsdp options); units "root" (none: the root unit holds all), "blocks", "layers"
+# (each block's attention and MLP: finer). Note: all on one link, so that waiting shows.
+OPTION_VARIANTS = {"root only": ("root", {}), "blocks": ("blocks", {}),
+                   "layers": ("layers", {}), "blocks, prefetch": ("blocks", {"prefetch": 1}),
+                   "blocks, keep gathered": ("blocks", {"reshard_after_forward": False})}
+
+
+# -- measurements (rank functions) ----------------------------------------------------------------
+
+def solve_crossover(fsdp: tuple, ddp: tuple, margin: float) -> float:
+    """GB/s below which FSDP's step is more than (1 + margin) × DDP's; each of ``fsdp``, ``ddp``
+    is (C seconds, L seconds, B bytes) of one step. ``inf``: slower at every bandwidth; 0: never.
+
+    >>> round(solve_crossover((0.2, 0.0018, 28.8e6), (0.2, 0.0003, 19.2e6), 0.1), 3)
+    0.414
+    """
+    (c_f, l_f, b_f), (c_d, l_d, b_d) = fsdp, ddp
+    num = b_f - (1 + margin) * b_d            # bytes that cost more, as b falls
+    den = (1 + margin) * (c_d + l_d) - c_f - l_f  # the time the margin leaves for them
+    if num <= 0:
+        return 0.0 if den > 0 else math.inf
+    return math.inf if den <= 0 else num / den / 1e9
+
+
+def _units(model, kind: str):
+    if kind == "root":
+        return None
+    if kind == "blocks":
+        return list(model.blocks)
+    return [m for b in model.blocks for m in (b.attn, b.mlp)]
+
+
+def _blocked(model) -> float:
+    """Seconds the last step waited for collectives (from its wait to its end)."""
+    ledger = model.fsdp_mini.comm.ledger
+    return sum(r.seconds - r.waited for r in ledger.select(ledger.step))
+
+
+def _build(kind, strategy, options, link, cfg):
+    import torch
+
+    from ..api import parallelize
+    from ..models import make_model
+    m = make_model(cfg)
+    units = _units(m, kind) if strategy == "fsdp" else None
+    return parallelize(m, strategy, units=units, link=link,
+                       optimizer=partial(torch.optim.AdamW, lr=1e-3), **options)
+
+
+def _run(rank, world_size, cfg, models: dict, steps: int, out: dict, global_batch: int) -> None:
+    """The models take turns step by step (a slow spell of the machine falls on all alike);
+    step 0 is warm-up. Per model: step seconds, compute (the step less its waits), last ledger."""
+    import torch.distributed as dist
+
+    from ..models import SyntheticText
+    from ..training import train_step
+    data = SyntheticText(cfg.vocab_size, cfg.block_size)
+    for step in range(steps):
+        batch = data.local_batch(step, global_batch, rank, world_size)
+        names = list(models)[step % len(models):] + list(models)[:step % len(models)]
+        for name in names:
+            dist.barrier()  # Note: not through the link: the ranks start each step together
+            start = time.perf_counter()
+            train_step(*models[name], batch)
+            seconds = time.perf_counter() - start
+            if step:
+                blocked = _blocked(models[name][0])
+                out[name]["seconds"].append(seconds)
+                out[name]["blocked"].append(blocked)
+                out[name]["compute"].append(seconds - blocked)
+    for name, (model, _) in models.items():
+        ledger = model.fsdp_mini.comm.ledger
+        out[name]["records"] = [vars(r).copy() for r in ledger.select(ledger.step)
+                                if r.op != "barrier"]
+
+
+def options_rank(rank, world_size, model, variants, steps, link, global_batch=4) -> dict:
+    """Each fsdp variant of ``variants`` ({name: (units, options)}) on ``link``: step seconds,
+    compute, the last step's ledger records, and the peak of gathered parameters."""
+    import torch
+
+    from ..memory import track_memory
+    from ..models import GPTConfig, SyntheticText
+    from ..training import train_step
+    torch.set_num_threads(1)
+    cfg = GPTConfig.tiny() if model == "tiny" else GPTConfig()
+    models = {n: _build(kind, "fsdp", opts, link, cfg) for n, (kind, opts) in variants.items()}
+    out = {n: {"seconds": [], "blocked": [], "compute": []} for n in variants}
+    _run(rank, world_size, cfg, models, steps, out, global_batch)
+    data = SyntheticText(cfg.vocab_size, cfg.block_size)
+    for name, (net, opt) in models.items():  # Note: one more step, alone, to read the peak
+        with track_memory(net, opt) as mem:
+            train_step(net, opt, data.local_batch(0, global_batch, rank, world_size))
+        out[name]["gathered_peak"] = mem.peak_by_category["gathered_params"]
+    return out
+
+
+def crossover_rank(rank, world_size, model, bandwidths, steps, latency_us, global_batch=4) -> dict:
+    """ddp and fsdp (units = blocks, no prefetch) on ``Link(b, latency_us)`` for each b (both
+    without a link when ``bandwidths`` is empty: key None), in turns step by step:
+    {(name, b): seconds, blocked, compute, records}."""
+    import torch
+
+    from ..models import GPTConfig
+    torch.set_num_threads(1)
+    cfg = GPTConfig.tiny() if model == "tiny" else GPTConfig()
+    out = {}
+    for bw in bandwidths or [None]:
+        link = Link(bw, latency_us) if bw else None
+        models = {s: _build("blocks", s, {}, link, cfg) for s in ("ddp", "fsdp")}
+        got = {s: {"seconds": [], "blocked": [], "compute": []} for s in models}
+        _run(rank, world_size, cfg, models, steps, got, global_batch)
+        out.update({(s, bw): v for s, v in got.items()})
+    return out
+
+
+# -- analysis -------------------------------------------------------------------------------------
+
+def ledger_costs(records: list[dict], world_size: int, latency_us: float) -> tuple[float, float]:
+    """(L seconds, B bytes) of one step's collectives, read from ledger records (as dicts):
+    L = Σ latency terms, B = Σ ring bytes, so its α-β time on a link of b GB/s is L + B/(b·10⁹)."""
+    alpha_only = Link(1.0, latency_us)
+    return (sum(alpha_only.cost(r["op"], 0, world_size) for r in records),
+            sum(ring_bytes(r["op"], r["payload_bytes"], world_size) for r in records))
+
+
+def _slowest(per_rank: list[dict], key, what: str) -> float:
+    """The median over steps of the slowest rank's figure (a step ends when its last rank does)."""
+    return statistics.median(max(s) for s in zip(*(r[key][what] for r in per_rank)))
+
+
+def predict_from_ledger(per_rank: list[dict], latency_us: float, margin: float) -> dict:
+    """The kit's prediction for a job measured without a link (:func:`crossover_rank` with no
+    bandwidths): C, DDP's compute (the step less its time blocked; the same for both), and each
+    strategy's L and B read from its ledger; the crossover by :func:`solve_crossover`."""
+    n = len(per_rank)
+    compute = _slowest(per_rank, ("ddp", None), "compute")
+    base = {s: (compute, *ledger_costs(per_rank[0][s, None]["records"], n, latency_us))
+            for s in ("ddp", "fsdp")}
+    return {"base": base, "predicted": solve_crossover(base["fsdp"], base["ddp"], margin)}
+
+
+def crossover_table(per_rank: list[dict], bandwidths, prediction: dict, margin: float) -> dict:
+    """The sweep measured beside ``prediction`` (:func:`predict_from_ledger`): per bandwidth,
+    each step time (median, slowest rank), the model's C + L + B/b, and FSDP / DDP; per strategy
+    the line T = a + B'/b fitted to the measured times (least squares in 1/b), B' the bytes the
+    link was *seen* to carry in a step; the crossover measured is :func:`solve_crossover` with
+    those B' in place of the ledger's B.
+
+    Note: run it on slow links, where the link's time is most of a step: near the crossover
+    gloo's own time and a shared machine's noise are as large as what the link adds.
+    """
+    base = prediction["base"]
+    rows = []
+    for bw in bandwidths:
+        row = {"bw": bw}
+        for s in ("ddp", "fsdp"):
+            c, lat, b = base[s]
+            row[s] = _slowest(per_rank, (s, bw), "seconds")
+            row[s + " model"] = c + lat + b / (bw * 1e9)
+        row["ratio"], row["ratio model"] = row["fsdp"] / row["ddp"], row["fsdp model"] / row["ddp model"]
+        rows.append(row)
+    fit = {s: _fit([1 / (r["bw"] * 1e9) for r in rows], [r[s] for r in rows])
+           for s in ("ddp", "fsdp")}
+    seen = {s: (base[s][0], base[s][1], fit[s][1]) for s in ("ddp", "fsdp")}
+    return {"rows": rows, "fit": fit, "seen_bytes": {s: fit[s][1] for s in fit},
+            "measured": solve_crossover(seen["fsdp"], seen["ddp"], margin),
+            "predicted": prediction["predicted"]}
+
+
+def _fit(xs, ys) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through (x, y)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = (sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+             / sum((x - mx) ** 2 for x in xs))
+    return my - slope * mx, slope
+
+
+def timeline(per_rank: list[dict], names, ax=None):
+    """Rank 0's last step of each variant: one lane per variant, a bar per collective from its
+    issue to its end (pale: the rank computed meanwhile; dark: the rank waited for it)."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.5 + 0.55 * len(names)), layout="constrained")
+    colors = {"all_gather": "#4C72B0", "reduce_scatter": "#DD8452", "all_reduce": "#55A868"}
+    for lane, name in enumerate(names):
+        recs = per_rank[0][name]["records"]
+        t0 = min(r["start"] for r in recs)
+        for r in recs:
+            start, c = (r["start"] - t0) * 1e3, colors.get(r["op"], "grey")
+            ax.barh(lane, r["seconds"] * 1e3, left=start, height=0.6, color=c, alpha=0.3)
+            ax.barh(lane, (r["seconds"] - r["waited"]) * 1e3, left=start + r["waited"] * 1e3,
+                    height=0.6, color=c)
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since the step's first collective (rank 0)")
+    ax.set_title("collectives: pale = issued, rank computing; dark = rank waiting")
+    for op, c in colors.items():
+        ax.barh([], [], color=c, label=op)
+    ax.legend(fontsize=7, loc="lower right")
+    return ax

@@ -1,0 +1,190 @@
+"""Lab 08: checkpoints. The checker of the resharding exercise; the rank functions that save,
+kill, resume and load into torch are in :mod:`fsdp_mini.labs.checkpoint_runs`.
+
+    def reshard(old_shards, numel, new_world_size, new_rank): ...   # you write it
+    labs.check_reshard(reshard)       # ✔/✘ lines: sizes, padding, rank order, ranges, moments
+
+The reference is the kit's own flat layout (:class:`fsdp_mini.flat.FlatLayout`, the one its fsdp
+shards with): every new rank's shard, for unit sizes that do and do not split evenly, going up
+and down in world size. The old padding is filled with NaN: its values mean nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..flat import FlatLayout, ParamSlot
+from .checking import unwritten
+from .checkpoint_runs import (
+    STATES,
+    die_while_saving,
+    flat_shards,
+    lab_model,
+    lab_optimizer,
+    relative_error,
+    resume_run,
+    save_run,
+    train_steps,
+)
+from .report import CheckResult
+
+__all__ = ["check_reshard", "die_while_saving", "files_table", "flat_shards", "lab_model",
+           "lab_optimizer", "relative_error", "resume_run", "save_run", "train_steps"]
+
+# (numel, old N, new N): uneven splits, up and down, a shrink to one rank, one even split
+CASES = [(10, 4, 3), (9, 4, 2), (7, 2, 3), (13, 3, 4), (5, 2, 1), (12, 3, 4)]
+KEYS = ("param", *STATES)
+
+
+def _layout(numel: int, world_size: int) -> FlatLayout:
+    slot = ParamSlot(None, ["unit"], [], shape=torch.Size([numel]), requires_grad=True)
+    return FlatLayout([slot], world_size)
+
+
+def _wholes(numel: int) -> dict[str, torch.Tensor]:
+    base = torch.arange(1, numel + 1, dtype=torch.float32)
+    return {"param": base, "exp_avg": base / 100, "exp_avg_sq": base / 10_000}
+
+
+def old_shards(numel: int, old_world_size: int) -> dict[int, dict[str, torch.Tensor]]:
+    """Every old rank's shards of a unit whose elements are 1, 2, ... numel (moments /100,
+    /10000), padding NaN; in the order files come from a folder listing, not by rank."""
+    layout = _layout(numel, old_world_size)
+    out = {}
+    for r in list(range(1, old_world_size)) + [0]:
+        lo, hi = layout.shard_range(r)
+        out[r] = {k: torch.cat([v, torch.full((layout.padded_numel - numel,), math.nan)])[lo:hi]
+                  for k, v in _wholes(numel).items()}
+    return out
+
+
+def expected_shard(numel: int, new_world_size: int, new_rank: int) -> dict[str, torch.Tensor]:
+    """What the kit's layout gives ``new_rank``: its slice of the unit padded with zeros."""
+    layout = _layout(numel, new_world_size)
+    lo, hi = layout.shard_range(new_rank)
+    return {k: layout.flatten([v])[lo:hi] for k, v in _wholes(numel).items()}
+
+
+def check_reshard(fn) -> CheckResult:
+    """Run ``fn`` as every new rank of each case in ``CASES``; name the first mistake seen."""
+    result = CheckResult("your reshard")
+    if unwritten(fn):
+        return result.wrong("reshard is not written yet", hint="fill in its body").finish()
+    for numel, old_n, new_n in CASES:
+        for rank in range(new_n):
+            want = expected_shard(numel, new_n, rank)
+            try:
+                got = fn(old_shards(numel, old_n), numel, new_n, rank)
+            except Exception as e:  # noqa: BLE001  (any error of the learner's code is a ✘)
+                return result.wrong(f"reshard raised {type(e).__name__}: {e} (numel {numel}, "
+                                    f"{old_n} old ranks, new rank {rank} of {new_n})").finish()
+            problem = _diagnose(got, want, numel, old_n, new_n, rank)
+            if problem:
+                return result.wrong(*problem).finish()
+    result.ok(f"every new rank's shard is right for {len(CASES)} unit sizes and world-size "
+              f"changes ({', '.join(f'{n} elements {a}→{b} ranks' for n, a, b in CASES)})")
+    result.ok("shards of ceil(numel / N) elements, padding zeros, old ranks taken in rank order")
+    result.ok("Adam's two moments (exp_avg, exp_avg_sq) resharded exactly like the parameter")
+    return result.finish()
+
+
+def _diagnose(got, want, numel, old_n, new_n, rank):
+    """(message, hint) for the first thing wrong in ``got``, or None."""
+    where = f"numel {numel}, {old_n} → {new_n} ranks, new rank {rank}"
+    if not isinstance(got, dict):
+        return ((f"reshard returned a {type(got).__name__}; return a dict with 'param', "
+                f"'exp_avg' and 'exp_avg_sq'"), "one entry per key of the old shards")
+    missing = [k for k in KEYS if k not in got]
+    if missing:
+        return ((f"optimizer state forgotten: no {missing} in what you return ({where}); the "
+                f"resumed Adam would start its moments from zero and take a different step"),
+                "reshard every entry of the old shards, not only 'param'")
+    size = len(want["param"])
+    for key in KEYS:
+        g = got[key]
+        if not torch.is_tensor(g) or g.dim() != 1:
+            return (f"{key!r} is not a 1-D tensor ({where})", "return flat shards")
+        if g.numel() != size:
+            return _wrong_size(key, g.numel(), size, numel, old_n, new_n, where)
+    for key in KEYS:
+        g, w = got[key].float(), want[key]
+        if torch.equal(g, w):
+            continue
+        for shard, message, hint in _mistakes(key, numel, old_n, new_n, rank):
+            if _same(g, shard):
+                return f"{key!r}: {message} ({where})", hint
+        real = max(0, min(numel - rank * size, size))
+        if torch.isnan(g).any():
+            return ((f"{key!r} holds NaN: the old ranks' padding ({where}); padding values "
+                    f"mean nothing (here NaN), and the new padding must be zeros"),
+                    "drop everything past numel before cutting the new shards")
+        if torch.equal(g[:real], w[:real]):
+            return (f"{key!r}: the elements are right but the padding is not zeros ({where})",
+                    "the last rank's shard ends with zeros up to ceil(numel / N)")
+        bad = int((g != w).nonzero()[0])
+        return ((f"{key!r}: element {bad} of the shard is {g[bad].item():g}, expected "
+                f"{w[bad].item():g} ({where})"), "rank r holds elements [r * size, (r + 1) * size)")
+    return None
+
+
+def _mistakes(key, numel, old_n, new_n, rank):
+    """(the shard it gives, message, hint) for each typical mistake, simulated."""
+    size = -(-numel // new_n)
+    old = old_shards(numel, old_n)
+    by_rank = torch.cat([old[r][key] for r in sorted(old)])
+    as_listed = torch.cat([s[key] for s in old.values()])
+
+    def cut(flat, lo):
+        flat = torch.cat([flat, torch.zeros(size * (new_n + 5) * 4)])
+        return flat[lo:lo + size] if lo >= 0 else None
+    real = _wholes(numel)[key]
+    yield (cut(as_listed[:numel], rank * size),
+           "the old shards were joined in the order they came (as files are listed), not by rank",
+           "sort the old ranks (sorted(old_shards)) before joining them")
+    yield (cut(as_listed, rank * size), ("the old shards were joined in the order they came, not "
+           "by rank, and their padding kept"), "sort the old ranks, then keep only numel elements")
+    for shift in (1, -1):
+        yield (cut(real, rank * size + shift), (f"off by one: your shard starts at element "
+               f"{rank * size + shift}, rank {rank}'s starts at {rank * size}"),
+               "rank r holds [r * size, (r + 1) * size), the end excluded")
+    if rank:
+        yield (cut(real, rank * size * 4), (f"your shard starts at element {rank * size * 4} = 4 "
+               f"x {rank * size}: bytes and elements mixed"), "offsets in elements, not bytes")
+    yield (cut(by_rank, rank * size), ("the old ranks' padding (NaN here: its values mean "
+           "nothing) was kept inside the unit, so the new shards hold it"),
+           "drop everything past numel (the old padding) before cutting the new shards")
+
+
+def _same(got: torch.Tensor, candidate) -> bool:
+    return (candidate is not None and len(candidate) == len(got)
+            and torch.equal(torch.nan_to_num(got, nan=-7.5),
+                            torch.nan_to_num(candidate.to(got.dtype), nan=-7.5)))
+
+
+def _wrong_size(key, got, size, numel, old_n, new_n, where):
+    old_padded = -(-numel // old_n) * old_n
+    if got == size * 4:
+        return ((f"{key!r} has {got} values, 4 x the {size} elements a shard holds ({where}): "
+                f"bytes and elements mixed (a float32 is 4 bytes)"),
+                "count elements (numel()), not bytes (nbytes)")
+    if got == numel // new_n:
+        return ((f"{key!r} has {got} elements, expected {size} ({where}): {numel} elements do not "
+                f"split evenly over {new_n} ranks, so every shard holds ceil({numel}/{new_n}) = "
+                f"{size} and the last is padded; equal shards of numel // N lose elements"),
+                "size = -(-numel // new_world_size)")
+    if got == -(-old_padded // new_n):
+        return ((f"{key!r} has {got} elements, expected {size} ({where}): you counted the old "
+                f"padding ({old_padded} = {numel} + {old_padded - numel}) as elements"),
+                "use numel, not the sum of the old shards' lengths")
+    return (f"{key!r} has {got} elements, expected ceil({numel}/{new_n}) = {size} ({where})",
+            "each new rank holds ceil(numel / N) elements, padded with zeros")
+
+
+def files_table(folder) -> list[tuple[str, int]]:
+    """(relative path, bytes) of every file under ``folder``, sorted."""
+    from pathlib import Path
+    root = Path(folder)
+    return sorted((str(p.relative_to(root)), p.stat().st_size)
+                  for p in root.rglob("*") if p.is_file())

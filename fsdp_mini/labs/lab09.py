@@ -1,0 +1,268 @@
+"""Lab 09: debugging distributed training. A small net and its data, one process's answer to
+compare with, and checkers that run a training function on 2 ranks with short timeouts and say
+in plain words what is still wrong::
+
+    def train(rank, world_size, steps):            # the shape every function of the lab has
+        torch.manual_seed(0)
+        model = labs.debug_net()                   # 4 → 7 → 3, initialised from torch's RNG
+        model, opt = fsdp_mini.parallelize(model, "fsdp", optimizer=labs.debug_sgd)
+        for step in range(steps):
+            x, y = labs.debug_batch(step, rank, world_size)   # this rank's rows of 12
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+        return fsdp_mini.full_state_dict(model)    # the whole weights, on every rank
+
+    labs.check_parity(train)    # ✔ 2 ranks train like one process on the whole batch
+
+A checker calls ``train(rank, 2, 0)`` (the weights before training) and ``train(rank, 2, 3)``
+in one launch, then compares: ranks with one another, and rank 0 with one process trained on
+the whole batch. When they differ it tries the usual mistakes, each replayed in one process
+(the same rows on every rank, a loss divided by N, no clipping...), and names the one that
+gives exactly the weights your ranks got.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..launcher import LaunchError, LaunchTimeoutError, launch
+from .checking import batch, forget_logs, unwritten, where
+from .report import CheckResult
+
+__all__ = [
+    "DEBUG_STEPS",
+    "MAX_NORM",
+    "check_clipping",
+    "check_no_hang",
+    "check_parity",
+    "check_seeds_and_data",
+    "debug_batch",
+    "debug_net",
+    "debug_sgd",
+    "my_line",
+    "one_process",
+    "rank_lines",
+    "relative_difference",
+]
+
+DEBUG_STEPS = 3       # steps a checker trains
+MAX_NORM = 0.6        # the clipping of exercise 3: step 1's gradient norm is 0.79, step 2's 0.56
+CHECK_TIMEOUT = 10    # seconds a collective may wait in a checker (a hang costs about twice)
+CHECK_DEADLINE = 60   # seconds a checker's whole launch may take
+TOL = 1e-5            # norm-relative difference allowed from one-process training
+debug_sgd = partial(torch.optim.SGD, lr=0.1, momentum=0.9)
+debug_batch = batch   # (step, rank=0, world_size=1): this rank's rows of the step's 12
+
+
+def debug_net() -> nn.Module:
+    """4 → 7 → 3 (59 parameters), initialised from torch's global RNG: the seed decides it."""
+    return nn.Sequential(nn.Linear(4, 7), nn.Tanh(), nn.Linear(7, 3))
+
+
+def one_process(steps: int = DEBUG_STEPS, world_size: int = 1, rows: str = "own",
+                scale: float = 1.0, clip: float | None = None) -> dict:
+    """Plain torch in this process: seed 0, the whole batch of every step, SGD + momentum.
+
+    The variants replay a mistake of ``world_size`` ranks exactly: ``rows="first"`` every rank
+    uses rank 0's rows; ``scale`` multiplies the averaged gradient (``1/N``: a loss divided by
+    N); ``clip`` clips by the global norm. Example: ``one_process(clip=0.6)`` is the answer of
+    exercise 3.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = debug_net()
+    opt = debug_sgd(model.parameters())
+    for step in range(steps):
+        x, y = debug_batch(step, 0, world_size) if rows == "first" else debug_batch(step)
+        (nn.functional.mse_loss(model(x), y) * scale).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def my_line(err: LaunchError) -> str:
+    """The last line of your own code in a failed rank's traceback: `` (in f: `line`)``."""
+    return where(err.traceback)
+
+
+def rank_lines(err: LaunchError) -> dict[int, str]:
+    """Where each rank was in your code when the launch failed, from the logs ``launch`` keeps
+    (then removed): ``{0: " (in f: `line`)", 1: ...}``. The first rank named is not always
+    where the bug is: a hang shows where ranks *waited*."""
+    found = {}
+    folder = getattr(err, "log_dir", None)
+    for path in sorted(Path(folder).glob("rank*.error")) if folder else []:
+        try:
+            found[int(path.stem[4:])] = where(json.loads(path.read_text()).get("traceback"))
+        except (ValueError, OSError):
+            continue
+    forget_logs(err)
+    return dict(sorted(found.items()))
+
+
+def relative_difference(a: dict, b: dict) -> float:
+    """The largest norm-relative difference of a tensor of ``a`` from ``b``'s."""
+    if set(a) != set(b):
+        return float("inf")
+    return max(float((a[k].double() - b[k].double()).norm() / (b[k].double().norm() + 1e-12))
+               for k in b)
+
+
+def _run(rank, world_size, fns, steps):
+    """On each rank, for each function: its weights before training and after ``steps`` steps.
+    Note: several functions in one launch, so that tests pay for one start of the ranks."""
+    torch.set_num_threads(1)
+    return [{"before": _cpu(fn(rank, world_size, 0)), "after": _cpu(fn(rank, world_size, steps))}
+            for fn in fns]
+
+
+def _cpu(state) -> dict:
+    if not isinstance(state, dict):
+        raise TypeError(f"your function must return the weights (fsdp_mini.full_state_dict("
+                        f"model)), a dict of tensors; it returned {type(state).__name__}")
+    return {k: v.detach().cpu().clone() for k, v in state.items()}
+
+
+def _launch(result: CheckResult, fn, world_size: int):
+    """Run ``fn`` on the ranks with short timeouts; a failure becomes one ✘ line."""
+    try:
+        runs = launch(_run, world_size, [fn], DEBUG_STEPS, backend="gloo",
+                      timeout=CHECK_TIMEOUT, deadline=CHECK_DEADLINE)
+        return [r[0] for r in runs]
+    except LaunchTimeoutError as e:
+        forget_logs(e)
+        result.wrong(str(e).splitlines()[0][:300] + my_line(e),
+                     hint="one rank waits in a collective another rank never issues. Look for a "
+                          "collective under `if rank == 0` (full_state_dict and summon_full_params "
+                          "are collectives under fsdp), or ranks running different numbers of "
+                          "steps. parallelize(..., check_collectives=True) names both sides")
+    except LaunchError as e:
+        forget_logs(e)
+        kind = str(e.exc_type).rsplit(".", 1)[-1]
+        said = " ".join(str(e.message or "").split())
+        hint = {"CollectiveMismatchError": "a collective that only some ranks call: every rank "
+                                           "must call it, in the same order (log from rank 0, "
+                                           "but gather on every rank)",
+                "GradientsChangedError": "clip with fsdp_mini.clip_grad_norm_(model, max_norm): "
+                                         "it computes the norm over every rank's shard"}.get(kind, "")
+        result.wrong(f"rank {e.rank} raised {kind}: {said[:300]}{my_line(e)}", hint=hint)
+    return None
+
+
+def _ranks_agree(result: CheckResult, states: list[dict], when: str, hint: str) -> bool:
+    for r, other in enumerate(states[1:], start=1):
+        diff = {k: (v - states[0][k]).abs().max().item() for k, v in other.items()}
+        name = max(diff, key=diff.get)
+        if diff[name] > 0:
+            result.wrong(f"{when}, rank {r}'s {name!r} differs from rank 0's by up to "
+                         f"{diff[name]:.3g}: the ranks hold different models", hint=hint)
+            return False
+    return True
+
+
+MISTAKES = [  # (what the mistake replays, what to say), tried in order when parity fails
+    ({"rows": "first"}, ("every rank trained on the same rows (rank 0's) at every step: the "
+                        "other ranks' rows were never seen"),
+     "rank r takes rows [r·n, (r+1)·n) of the step's batch: debug_batch(step, rank, world_size)"),
+    ({"scale": "1/N"}, ("the gradients are N times too small: the loss was divided by the world "
+                       "size, but the ranks' gradients are averaged already"),
+     "backward() the plain mean loss of your rows; the averaging over ranks does the rest"),
+    ({"scale": "N"}, ("the gradients are N times too large: the sum over ranks was not divided by "
+                     "the world size"), "divide the all-reduced gradient by world_size"),
+    ({"clip": None}, "the gradients were not clipped", (f"clip by the global norm: "
+                                                       f"fsdp_mini.clip_grad_norm_(model, {MAX_NORM})")),
+    ({"scale": "1/N", "clip": None}, ("not clipped, and the gradients are N times too small (a "
+                                     "loss divided by the world size)"),
+     "the plain mean loss, and fsdp_mini.clip_grad_norm_(model, max_norm)"),
+]
+
+
+def _judge_parity(result: CheckResult, got: dict, world_size: int, clip) -> None:
+    want = one_process(clip=clip)
+    error = relative_difference(got, want)
+    if error <= TOL:
+        result.ok(f"{world_size} ranks train like one process on the whole batch ({DEBUG_STEPS} "
+                  f"steps; largest relative difference {error:.1e})")
+        result.facts["parity_error"] = error
+        return
+    for change, said, hint in MISTAKES:
+        if "clip" in change and clip is None:
+            continue
+        scale = {"1/N": 1 / world_size, "N": world_size}.get(change.get("scale"), 1.0)
+        replay = one_process(world_size=world_size, rows=change.get("rows", "own"), scale=scale,
+                             clip=change.get("clip", clip))
+        if relative_difference(got, replay) <= TOL:
+            said = said.replace("N times", f"{world_size} times (N = {world_size})")
+            result.wrong(f"the weights differ from one-process training by {error:.2g} "
+                         f"(relative): {said}", hint=hint)
+            return
+    result.wrong(f"the weights differ from one-process training by {error:.2g} (relative)",
+                 hint="train on this rank's rows, average the gradients once, step the same "
+                      "optimizer on every rank")
+
+
+def _check(what: str, fn, clip=None, world_size: int = 2) -> CheckResult:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= 12 \
+            or 12 % world_size:
+        raise ValueError(f"world_size must split the debug batch's 12 rows evenly (1, 2, 3, 4, "
+                         f"6 or 12), got {world_size!r}")
+    result = CheckResult(what)
+    if unwritten(fn):
+        return result.wrong("not written yet", hint="write the function's body, run the cell, "
+                                                    "then this check").finish()
+    runs = _launch(result, fn, world_size)
+    return result.finish() if runs is None else _judge(result, runs, clip).finish()
+
+
+def _judge(result: CheckResult, runs: list[dict], clip=None) -> CheckResult:
+    """✔/✘ lines from each rank's weights before and after training (``_run``'s, by rank)."""
+    world_size = len(runs)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        start = debug_net().state_dict()
+    before = [r["before"] for r in runs]
+    if set(before[0]) != set(start):
+        return result.wrong(f"your function returned weights named {sorted(before[0])}, but the "
+                            f"net's are {sorted(start)}", hint="return fsdp_mini.full_state_dict("
+                            "model) of the model labs.debug_net() built")
+    if not _ranks_agree(result, before, "before any step", hint="seed every rank the same "
+                        "(torch.manual_seed(0)) before building the model, or let parallelize "
+                        "broadcast rank 0's weights"):
+        return result
+    if relative_difference(before[0], start) > TOL:
+        return result.wrong("every rank starts from the same weights, but not torch.manual_seed(0)'s",
+                            hint="seed 0, then labs.debug_net()")
+    result.ok("every rank starts from the same weights (seed 0)")
+    if _ranks_agree(result, [r["after"] for r in runs], f"after {DEBUG_STEPS} steps",
+                    hint="every rank must apply the same averaged gradient"):
+        result.ok(f"the {world_size} ranks hold the same weights after {DEBUG_STEPS} steps")
+        _judge_parity(result, runs[0]["after"], world_size, clip)
+    return result
+
+
+def check_parity(fn, world_size: int = 2, clip=None) -> CheckResult:
+    """Does ``fn(rank, world_size, steps)`` on ``world_size`` ranks give one process's weights?"""
+    return _check(f"parity of {getattr(fn, '__name__', fn)} on {world_size} ranks", fn, clip,
+                  world_size)
+
+
+def check_seeds_and_data(fn) -> CheckResult:
+    """Exercise 1: same start on every rank, each rank its own rows, parity."""
+    return _check("exercise 1: seeds and data", fn)
+
+
+def check_no_hang(fn) -> CheckResult:
+    """Exercise 2: finishes within the checker's timeouts, and trains like one process."""
+    return _check("exercise 2: the hang", fn)
+
+
+def check_clipping(fn) -> CheckResult:
+    """Exercise 3: the loss and the clipping: parity with one process clipping at MAX_NORM."""
+    return _check(f"exercise 3: loss and clipping (max_norm {MAX_NORM})", fn, clip=MAX_NORM)

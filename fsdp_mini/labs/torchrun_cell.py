@@ -1,0 +1,82 @@
+"""torchrun from a notebook cell: the command a learner would type, bounded, leaving no process.
+
+    text = labs.torchrun("train.py", nproc=2)   # prints `$ torchrun --standalone ...`, returns output
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+__all__ = ["torchrun"]
+
+
+def torchrun(script, nproc: int = 2, args=(), timeout: float = 120) -> str:
+    """Run ``torchrun --standalone --nproc-per-node nproc script args`` and return its output.
+
+        text = labs.torchrun("train.py", nproc=2)       # what `!torchrun ...` would print
+
+    The command is printed first. Bounded by ``timeout`` seconds; on timeout or failure the whole
+    job (torchrun and its ranks) is stopped and a RuntimeError shows the output's tail.
+    Note: ``--standalone`` picks a free port, so re-running the cell works; ``start_new_session``
+    keeps a Ctrl-C in the notebook from reaching torchrun half-way (the cell stops it, fully).
+    """
+    exe = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    base = [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
+    cmd = base + ["--standalone", "--nproc-per-node", str(nproc), str(script), *map(str, args)]
+    print("$ torchrun " + " ".join(cmd[len(base):]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+    try:
+        text, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        text, _ = proc.communicate()
+        raise RuntimeError(f"torchrun took more than {timeout:g} s and was stopped:\n"
+                           f"{text[-3000:]}") from None
+    finally:
+        if proc.poll() is None:
+            _stop(proc)
+    if proc.returncode:
+        raise RuntimeError(f"torchrun exited with {proc.returncode}:\n{text[-3000:]}")
+    return text
+
+
+def _stop(proc) -> None:
+    """SIGTERM torchrun (it stops its ranks), then SIGKILL whatever is left of its tree.
+    Note: torchrun starts each rank in a session of its own, so killing torchrun's process
+    group alone would leave the ranks running: they are found through /proc first."""
+    ranks = _descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in [proc.pid, *ranks]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux: /proc; elsewhere none are found)."""
+    parents = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, todo = [], [pid]
+    while todo:
+        parent_pid = todo.pop()
+        kids = [p for p, parent in parents.items() if parent == parent_pid]
+        found += kids
+        todo += kids
+    return found

@@ -1,0 +1,145 @@
+"""Lab 06's checker passes the reference crossover and names each typical slip in plain words;
+the sweep's analysis finds the crossover of the α-β model it is fed; one short sweep on 2 ranks.
+
+Wrong answers are the reference formula with one slip each, as a learner writes them. (Under
+CI=true, set by conftest, a failed check raises CheckFailed.)
+"""
+
+import math
+
+import pytest
+
+from fsdp_mini import labs
+from fsdp_mini.labs import lab06
+
+predict = labs.load_solution("06_predict_crossover", "predict_crossover")
+
+
+def complaint(fn) -> str:
+    with pytest.raises(labs.CheckFailed) as info:
+        labs.check_predict_crossover(fn)
+    return str(info.value)
+
+
+def formula(psi, n, units, c, alpha_us, m, fsdp_psi=3, ring=None, alpha=None, fsdp_c=None,
+            unit=1e9):
+    """The reference, with knobs a slip turns."""
+    ring = (n - 1) / n if ring is None else ring
+    a = latency = alpha_us * 1e-6 if alpha is None else alpha
+    b_d, b_f = 2 * ring * 4 * psi, fsdp_psi * ring * 4 * psi
+    l_d, l_f = 2 * (n - 1) * a, 3 * units * (n - 1) * latency
+    den = (1 + m) * (c + l_d) - (c if fsdp_c is None else fsdp_c) - l_f
+    num = b_f - (1 + m) * b_d
+    return num / den / unit  # Note: no edge cases, as a first try is written
+
+
+def test_the_reference_passes_with_the_model_figures():
+    result = labs.check_predict_crossover(predict)
+    assert result.passed
+    assert "0.414 GB/s, 0.0593 GB/s, 33.7 GB/s, 40.2 GB/s" in str(result)
+    assert "margin 0: FSDP is slower at every bandwidth (inf)" in str(result)
+    assert predict(3.2e6, 4, 4, 0.2, 50, 0.1) == pytest.approx(0.414, abs=1e-3)
+
+
+def test_a_stub_is_not_written_yet():
+    def stub(psi, world_size, units, compute_s, latency_us, margin):
+        """doc"""
+        ...  # noqa: PIE790  (a stub, as in the notebook)
+
+    assert "not written yet" in complaint(stub)
+
+
+@pytest.mark.parametrize("slip, said", [
+    ({"fsdp_psi": 2}, "FSDP's traffic counted as DDP's 2Ψ"),
+    ({"ring": 1.0}, "the (N−1)/N of the ring is missing"),
+    ({"alpha": 0.0}, "latency left out"),
+    ({"fsdp_c": 0.0}, "FSDP's communication assumed hidden behind its compute"),
+    ({"unit": 1e9 / 8}, "off by 8: bits and bytes mixed up"),
+    ({"unit": 2**30}, "GiB/s instead of GB/s"),
+    ({"unit": 1}, "the answer is in B/s"),
+])
+def test_each_typical_slip_is_named(slip, said):
+    def slipped(psi, world_size, units, compute_s, latency_us, margin):
+        return formula(psi, world_size, units, compute_s, latency_us, margin, **slip)
+
+    text = complaint(slipped)
+    assert said in text and "Ψ = 3.2e+06, N = 4, 4 units: you say" in text
+    assert "the α-β model 0.4145 GB/s" in text
+
+
+def test_bandwidth_on_the_wrong_side_is_named():
+    def inverted(psi, world_size, units, compute_s, latency_us, margin):
+        return 1 / predict(psi, world_size, units, compute_s, latency_us, margin)
+
+    assert "bandwidth multiplied where it divides" in complaint(inverted)
+
+
+def test_an_unknown_answer_gets_the_formula_as_hint():
+    text = complaint(lambda *args: 1.0)
+    assert "you say 1 GB/s, the α-β model 0.4145 GB/s" in text and "solve T_f(b)" in text
+
+
+def test_a_negative_answer_at_margin_zero_is_told_to_return_inf():
+    def no_inf(psi, n, units, c, alpha_us, m):
+        a, ring = alpha_us * 1e-6, (n - 1) / n
+        num = 3 * ring * 4 * psi - (1 + m) * 2 * ring * 4 * psi
+        den = (1 + m) * (c + 2 * (n - 1) * a) - c - 3 * units * (n - 1) * a
+        return num / den / 1e9
+
+    text = complaint(no_inf)
+    assert "✔ the crossover of all four jobs matches" in text
+    assert "margin 0: you say" in text and "return math.inf" in text
+
+
+def test_an_error_is_one_line():
+    def raises(*args):
+        raise ZeroDivisionError("oops")
+
+    assert "raised ZeroDivisionError: oops" in complaint(raises)
+
+
+def test_solve_crossover_edges():
+    assert lab06.solve_crossover((1, 0, 10), (1, 0, 10), 0.1) == 0.0        # never loses
+    assert lab06.solve_crossover((1, 0.5, 20), (1, 0, 10), 0.1) == math.inf  # latency alone
+
+
+def fake_sweep(bandwidths, c=0.02, steps=3, n=2, alpha_us=50.0, carried=1.0):
+    """per_rank as crossover_rank returns it, every step exactly C + L + B/b (the link carrying
+    ``carried`` x the ledger's bytes)."""
+    ops = {"ddp": [("all_reduce", 100_000)], "fsdp": [("all_gather", 50_000)] * 6}
+    out = {}
+    for bw in bandwidths or [None]:
+        for s in ("ddp", "fsdp"):
+            recs = [{"op": op, "payload_bytes": p} for op, p in ops[s]]
+            lat, b = lab06.ledger_costs(recs, n, alpha_us)
+            blocked = lat + carried * b / (bw * 1e9) if bw else 0.001
+            out[s, bw] = {"seconds": [c + blocked] * steps, "blocked": [blocked] * steps,
+                          "compute": [c] * steps, "records": recs}
+    return [out] * n
+
+
+def test_the_sweep_of_an_exact_model_measures_the_predicted_crossover():
+    kit = labs.predict_from_ledger(fake_sweep([]), 50.0, 0.2)
+    (c, l_d, b_d), (_, l_f, b_f) = kit["base"]["ddp"], kit["base"]["fsdp"]
+    assert c == pytest.approx(0.02) and b_d == 100_000 and b_f == 150_000
+    assert l_d == pytest.approx(100e-6) and l_f == pytest.approx(300e-6)
+    bws = [kit["predicted"] * f for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2)]
+    sweep = labs.crossover_table(fake_sweep(bws), bws, kit, 0.2)
+    assert sweep["measured"] == pytest.approx(kit["predicted"])
+    assert sweep["seen_bytes"]["fsdp"] == pytest.approx(150_000)
+    for row in sweep["rows"]:
+        assert row["ddp"] == pytest.approx(row["ddp model"]) and row["ratio"] > 1.2
+    slower = labs.crossover_table(fake_sweep(bws, carried=1.05), bws, kit, 0.2)
+    assert slower["measured"] > kit["predicted"]  # a link that carries more loses more often
+
+
+def test_a_short_sweep_on_two_ranks_records_the_ledgers_bytes():
+    import fsdp_mini
+    per_rank = fsdp_mini.launch(lab06.crossover_rank, 2, "tiny", [0.05], 2, 50.0, 4, timeout=120)
+    assert set(per_rank[0]) == {("ddp", 0.05), ("fsdp", 0.05)}
+    recs = {s: per_rank[0][s, 0.05]["records"] for s in ("ddp", "fsdp")}
+    (l_d, b_d), (l_f, b_f) = (lab06.ledger_costs(recs[s], 2, 50.0) for s in ("ddp", "fsdp"))
+    assert l_d == pytest.approx(2 * 50e-6) and l_f == pytest.approx(8 * 50e-6)  # 1 and 8 collectives
+    assert 1.3 < b_f / b_d <= 1.5                       # the root is not gathered again for backward
+    run = per_rank[0]["fsdp", 0.05]
+    assert len(run["seconds"]) == 1 and all(r["simulated_seconds"] > 0 for r in run["records"])

@@ -1,0 +1,142 @@
+"""Lab 07's checker: the reference cheapest_fit passes, and each typical mistake is named in
+plain words (ignoring activations, forgetting Adam's state, ddp where it cannot fit, fp32 only,
+no checkpointing, fitting by persistent bytes, GiB taken for GB)."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from fsdp_mini import labs
+from fsdp_mini.labs import CheckFailed
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTION = (ROOT / "labs" / "solutions" / "07_cheapest_fit.py").read_text()
+
+
+@pytest.fixture
+def learner(monkeypatch):
+    """As on a learner's laptop: a failed check reports, it does not raise."""
+    monkeypatch.setenv("CI", "false")
+    monkeypatch.delenv("FSDP_MINI_SOLUTIONS", raising=False)
+
+
+def variant(*edits):
+    """The reference solution with (old, new) source edits: a learner's version of it."""
+    source = SOLUTION
+    for old, new in edits:
+        assert old in source, old
+        source = source.replace(old, new)
+    namespace = {"__name__": "learner"}
+    exec(compile(source, "learner", "exec"), namespace)
+    return namespace["cheapest_fit"]
+
+
+def wrong_lines(result):
+    return [msg for ok, msg, _ in result.lines if not ok]
+
+
+def test_the_reference_solution_passes_in_ci(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    result = labs.check_cheapest_fit(labs.load_solution("07_cheapest_fit", "cheapest_fit"))
+    assert result.passed, str(result)
+    said = str(result)
+    assert "70b on 4 GPUs of 80 GiB, micro-batch 1: nothing fits, rightly" in said
+    assert "7b on 8 GPUs of 80 GiB, micro-batch 4: zero1, bf16-mixed, with checkpointing" in said
+    assert len(result.facts["answers"]) == len(labs.BUDGETS)
+
+
+FITS = "if s.fits and"
+MEM = "gpu_mem_gb * 1e9"
+
+MISTAKES = [
+    ([("p = fsdp_mini.plan(model=model,", "p = fsdp_mini.plan(params=model.params(),")],
+     "you ignored the activations", "give plan() the model's shape"),
+    ([(FITS, f"if s.peak_bytes - s.by_category['optimizer_state'] <= {MEM} and")],
+     "you forgot Adam's state", "plan()'s peak_bytes"),
+    ([(FITS, "if")], "you chose ddp where it cannot fit", "whose .fits is True"),
+    ([('PRECISIONS = ("fp32", "bf16-mixed")', 'PRECISIONS = ("fp32",)')],
+     "you did not consider bf16-mixed", "try precision='bf16-mixed' too"),
+    ([("for checkpointing in (False, True):", "for checkpointing in (False,):")],
+     "you did not consider activation checkpointing", "try checkpointing=True too"),
+    ([(FITS, f"if s.persistent_bytes <= {MEM} and")],
+     "fit by the state kept between steps (persistent_bytes), not by the peak",
+     "compare peak_bytes with the memory"),
+    ([("gpu_mem_gib * 2**30 / 1e9", "gpu_mem_gib")],
+     "you gave the planner GiB where it takes GB", "gpu_mem_gb = gpu_mem_gib * 2**30 / 1e9"),
+]
+
+
+@pytest.mark.parametrize("edits, named, hint", MISTAKES,
+                         ids=["activations", "adam", "ddp-no-fit-check", "fp32-only",
+                              "no-checkpointing", "persistent", "GiB"])
+def test_each_mistake_is_named_once_with_its_fix(learner, edits, named, hint):
+    result = labs.check_cheapest_fit(variant(*edits))
+    assert not result.passed
+    named_lines = [(msg, h) for ok, msg, h in result.lines
+                   if not ok and msg.startswith(("you ", "your configurations"))]
+    assert len(named_lines) == 1 and named in named_lines[0][0], str(result)
+    assert hint in named_lines[0][1], str(result)
+
+
+def test_per_budget_lines_say_what_does_not_fit_and_what_costs_more(learner):
+    said = str(labs.check_cheapest_fit(variant((FITS, "if"))))       # always ddp, bf16
+    assert ("70b on 16 GPUs of 80 GiB, micro-batch 1: ddp, bf16-mixed, no checkpointing does not "
+            "fit: its planned peak is") in said and "> 80 GiB" in said
+    said = str(labs.check_cheapest_fit(
+        variant(('PRECISIONS = ("fp32", "bf16-mixed")', 'PRECISIONS = ("fp32",)'))))
+    assert "fp32, no checkpointing fits, but sends" in said and "bf16-mixed" in said
+    said = str(labs.check_cheapest_fit(variant(("return best", "return None"))))
+    assert "7b on 2 GPUs of 94 GiB, micro-batch 1: you found nothing, but zero1" in said
+
+
+def test_a_mistake_no_known_one_explains_gets_per_budget_lines_only(learner):
+    result = labs.check_cheapest_fit(
+        lambda model, gpus, gib, mb=1: {"strategy": "fsdp", "precision": "bf16-mixed",
+                                        "checkpointing": True})
+    wrong = wrong_lines(result)
+    assert wrong and all(" GiB, micro-batch " in line for line in wrong), str(result)
+
+
+@pytest.mark.parametrize("answer, words", [
+    (("fsdp", "bf16-mixed", True), "return a dict with the keys strategy, precision, checkpointing"),
+    ({"strategy": "FSDP", "precision": "bf16-mixed", "checkpointing": True},
+     "strategy one of ddp, zero1, zero2, fsdp"),
+])
+def test_an_answer_of_the_wrong_form_is_one_line(learner, answer, words):
+    wrong = wrong_lines(labs.check_cheapest_fit(lambda *a: answer))
+    assert len(wrong) == 1 and words in wrong[0], wrong
+
+
+def test_an_exception_is_one_line_and_a_stub_gets_a_friendly_line(learner):
+    def cheapest_fit(model, gpus, gpu_mem_gib, micro_batch=1):
+        raise KeyError("precision")
+    wrong = wrong_lines(labs.check_cheapest_fit(cheapest_fit))
+    assert wrong == ["cheapest_fit('1.3b' shape, 2, 16, 4) raised KeyError: 'precision'"]
+
+    def cheapest_fit(model, gpus, gpu_mem_gib, micro_batch=1):
+        ...   # your code here
+    assert wrong_lines(labs.check_cheapest_fit(cheapest_fit)) == [
+        "cheapest_fit is not written yet: write its body in the cell above"]
+
+
+def test_in_ci_a_failed_check_raises_with_the_words(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(CheckFailed, match="you did not consider bf16-mixed"):
+        labs.check_cheapest_fit(variant(('PRECISIONS = ("fp32", "bf16-mixed")',
+                                         'PRECISIONS = ("fp32",)')))
+
+
+def test_the_notebook_stub_is_not_written_yet_and_ci_uses_the_solution(monkeypatch):
+    cells = nbformat.read(ROOT / "labs" / "07_bigger.ipynb", as_version=4).cells
+    stub = next(c.source for c in cells if c.source.startswith('@labs.exercise("07_cheapest_fit")'))
+    monkeypatch.setenv("CI", "false")
+    ns = {"labs": labs}
+    exec(stub, ns)
+    assert labs.not_written_yet(ns["cheapest_fit"])
+    monkeypatch.setenv("CI", "true")
+    exec(stub, ns)
+    assert ns["cheapest_fit"].__code__.co_filename.endswith("07_cheapest_fit.py")
+    text = "\n".join(c.source for c in cells)
+    assert "assert error <= 0.10" in text              # the planner checked on the learner's run
+    assert "if not check.passed:" in text and "use the reference solution" in text
