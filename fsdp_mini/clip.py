@@ -34,6 +34,11 @@ def clip_grad_norm_(model: torch.nn.Module, max_norm: float, norm_type: float = 
     """Scale the gradients of a parallelized ``model`` in place so that their global norm is at
     most ``max_norm``; return that norm (before clipping), the same on every rank, like torch's
     ``clip_grad_norm_``. Collective under zero1, zero2 and fsdp: every rank must call it."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"fsdp_mini.clip_grad_norm_ takes the model itself (it reaches the "
+                        f"gradients through its strategy), not {type(model).__name__}: write "
+                        f"clip_grad_norm_(model, max_norm), not clip_grad_norm_(model.parameters(), "
+                        f"max_norm)")
     engine = getattr(model, "fsdp_mini", None)
     if engine is None:
         raise ValueError("clip_grad_norm_ takes a model returned by fsdp_mini.parallelize; for a "

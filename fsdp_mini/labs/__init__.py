@@ -9,7 +9,7 @@ say in plain words what is right and what is wrong.
 
     labs.check_ring_all_reduce(ring_all_reduce)  # ✔/✘ lines, on several ranks
 
-Each lab's checkers live in ``lab01.py`` ... ``lab05.py`` (what labs 04–05 share in
+Each lab's checkers live in ``lab01.py`` ... ``lab10.py`` (what labs 04–05 share in
 ``checking.py``, lab 05's unit scaffolding in ``fsdp_scaffold.py``); the interactive multi-rank
 mode (ranks that stay alive across cells, ``%%px``) in ``interactive.py``; executed HTML copies of
 the labs in ``render.py`` (``fsdp-mini render-labs``).
@@ -24,22 +24,14 @@ from .lab03 import *  # noqa: F401,F403
 from .lab04 import *  # noqa: F401,F403
 from .lab05 import *  # noqa: F401,F403
 from .lab06 import *  # noqa: F401,F403
+from .lab07 import *  # noqa: F401,F403
 from .lab08 import *  # noqa: F401,F403
+from .lab09 import *  # noqa: F401,F403
+from .lab10 import *  # noqa: F401,F403
 from .interactive import *  # noqa: F401,F403
-from . import interactive, lab01, lab02, lab03, lab04, lab05, lab06, lab08
+from . import interactive, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10
 
+_LABS = (lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10, interactive)
 __all__ = (["LabConfig", "in_ci", "lab_config", "exercise", "load_solution", "not_written_yet",
             "show_solution", "CheckFailed", "CheckResult"]
-           + [name for m in (lab01, lab02, lab03, lab04, lab05, lab06, lab08, interactive) for name in m.__all__])
-
-from .lab09 import *  # noqa: E402,F401,F403  (lab 09: debugging)
-from . import lab09  # noqa: E402
-__all__ += lab09.__all__
-
-from .lab07 import *  # noqa: E402,F401,F403  (lab 07: fitting bigger models)
-from . import lab07  # noqa: E402
-__all__ += lab07.__all__
-
-from .lab10 import *  # noqa: E402,F401,F403  (lab 10: to production)
-from . import lab10  # noqa: E402
-__all__ += lab10.__all__
+           + [name for m in _LABS for name in m.__all__])

@@ -63,6 +63,11 @@ def exercise(name: str):
     def mark(obj):
         if use_solutions():
             obj = load_solution(name, obj.__name__)
+            # Note: said out loud, so "your ... passed" below is never read as praise of code
+            # that did not run. To run small with your own code: labs.lab_config(world_size=2,
+            # model="tiny") in the configuration cell, without CI=true.
+            print(f"(CI=true or FSDP_MINI_SOLUTIONS=1: the reference solution of {name!r} runs "
+                  f"in place of yours)")
         try:
             obj.exercise = name
         except (AttributeError, TypeError):

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 __all__ = ["torchrun"]
 
@@ -28,7 +29,8 @@ def torchrun(script, nproc: int = 2, args=(), timeout: float = 120) -> str:
     base = [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
     cmd = base + ["--standalone", "--nproc-per-node", str(nproc), str(script), *map(str, args)]
     print("$ torchrun " + " ".join(cmd[len(base):]))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    scratch = tempfile.mkdtemp(prefix="fsdp_mini_torchrun_")  # torchelastic's files go here
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": scratch}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)
     try:
@@ -41,6 +43,7 @@ def torchrun(script, nproc: int = 2, args=(), timeout: float = 120) -> str:
     finally:
         if proc.poll() is None:
             _stop(proc)
+        shutil.rmtree(scratch, ignore_errors=True)
     if proc.returncode:
         raise RuntimeError(f"torchrun exited with {proc.returncode}:\n{text[-3000:]}")
     return text
