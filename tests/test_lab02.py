@@ -23,6 +23,26 @@ def not_ci(monkeypatch):
     monkeypatch.setenv("CI", "")
 
 
+def _reduce_scatter_phase(chunks, rank, n, send, recv):
+    """The right first phase of the ring: afterwards rank r holds the sum of chunk r+1."""
+    for step in range(n - 1):
+        out, inc = (rank - step) % n, (rank - step - 1) % n
+        request = send(chunks[out], (rank + 1) % n)
+        incoming = torch.empty_like(chunks[inc])
+        recv(incoming, (rank - 1) % n)
+        request.wait()
+        chunks[inc].add_(incoming)
+
+
+def _all_gather_phase(chunks, rank, n, send, recv):
+    """The right second phase: each summed chunk travels once round the ring."""
+    for step in range(n - 1):
+        out, inc = (rank + 1 - step) % n, (rank - step) % n
+        request = send(chunks[out], (rank + 1) % n)
+        recv(chunks[inc], (rank - 1) % n)
+        request.wait()
+
+
 def naive_all_to_all(tensor, rank, world_size, send, recv):
     """Sends the whole tensor to every other rank: right sums, (N-1) x P bytes."""
     total = tensor.clone()
@@ -36,14 +56,7 @@ def naive_all_to_all(tensor, rank, world_size, send, recv):
 
 
 def no_all_gather(tensor, rank, world_size, send, recv):
-    n, chunks = world_size, tensor.view(-1).tensor_split(world_size)
-    for step in range(n - 1):
-        out, inc = (rank - step) % n, (rank - step - 1) % n
-        request = send(chunks[out], (rank + 1) % n)
-        incoming = torch.empty_like(chunks[inc])
-        recv(incoming, (rank - 1) % n)
-        request.wait()
-        chunks[inc].add_(incoming)
+    _reduce_scatter_phase(tensor.view(-1).tensor_split(world_size), rank, world_size, send, recv)
 
 
 def off_by_one(tensor, rank, world_size, send, recv):
@@ -55,11 +68,7 @@ def off_by_one(tensor, rank, world_size, send, recv):
         recv(incoming, (rank - 1) % n)
         request.wait()
         chunks[inc].add_(incoming)
-    for step in range(n - 1):
-        out, inc = (rank + 1 - step) % n, (rank - step) % n
-        request = send(chunks[out], (rank + 1) % n)
-        recv(chunks[inc], (rank - 1) % n)
-        request.wait()
+    _all_gather_phase(chunks, rank, n, send, recv)
 
 
 def adds_in_all_gather(tensor, rank, world_size, send, recv):
@@ -93,18 +102,8 @@ def floor_division_chunks(tensor, rank, world_size, send, recv):
     """Chunks of size // N: the last elements of a size not divisible by N are never summed."""
     n = world_size
     chunks = tensor.view(-1).split(tensor.numel() // n)[:n]
-    for step in range(n - 1):
-        out, inc = (rank - step) % n, (rank - step - 1) % n
-        request = send(chunks[out], (rank + 1) % n)
-        incoming = torch.empty_like(chunks[inc])
-        recv(incoming, (rank - 1) % n)
-        request.wait()
-        chunks[inc].add_(incoming)
-    for step in range(n - 1):
-        out, inc = (rank + 1 - step) % n, (rank - step) % n
-        request = send(chunks[out], (rank + 1) % n)
-        recv(chunks[inc], (rank - 1) % n)
-        request.wait()
+    _reduce_scatter_phase(chunks, rank, n, send, recv)
+    _all_gather_phase(chunks, rank, n, send, recv)
 
 
 def averaging(tensor, rank, world_size, send, recv):
