@@ -1,4 +1,4 @@
-"""The labs as a whole: all six there, every notebook in labs/ run by CI, stored clean, listed in
+"""The labs as a whole: all eleven there, every notebook in labs/ run by CI, stored clean, listed in
 labs/README.md, and rendered to HTML by one command."""
 
 import os
@@ -7,8 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ast
+
 import nbformat
 import pytest
+
+from fsdp_mini import labs
 
 from fsdp_mini.labs.render import LABS_DIR, lab_notebooks
 
@@ -16,7 +20,7 @@ ROOT = LABS_DIR.parent
 EXPECTED = ["00_setup", "01_memory", "02_collectives", "03_ddp", "04_zero", "05_fsdp", "06_fast", "07_bigger", "08_checkpoints", "09_debugging", "10_production"]
 
 
-def test_the_six_labs_are_there():
+def test_the_labs_are_there():
     assert [p.stem for p in lab_notebooks()] == EXPECTED
 
 
@@ -62,6 +66,58 @@ def test_every_solution_is_used_by_a_lab():
                      for c in nbformat.read(p, as_version=4).cells)
     unused = sorted(n for n in names if f'"{n}"' not in text)
     assert not unused, f"solutions no lab uses: {unused}"
+
+
+def _exercise_names(tree):
+    """Names defined under an ``@labs.exercise(...)`` decorator."""
+    return {node.name for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+            and any(isinstance(d, ast.Call) and getattr(d.func, "attr", "") == "exercise"
+                    for d in node.decorator_list)}
+
+
+def _assigned_names(tree):
+    return {t.id for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AugAssign))
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            for t in ast.walk(target) if isinstance(t, ast.Name)}
+
+
+@pytest.mark.parametrize("path", lab_notebooks(), ids=lambda p: p.stem)
+def test_no_cell_rebinds_the_learners_function(path):
+    """A fallback to the reference goes to a new name: re-running the check cell after a fix
+    must check the learner's code, not the reference that stood in for it."""
+    cells = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    trees = [ast.parse("\n".join(line for line in src.splitlines()
+                                  if not line.lstrip().startswith(("%", "!"))))
+             for src in cells]
+    exercises = set().union(*(_exercise_names(t) for t in trees))
+    rebound = exercises & set().union(*(_assigned_names(t) for t in trees))
+    assert not rebound, f"{path.name} assigns to the learner's own {sorted(rebound)}"
+
+
+def test_yours_or_reference_keeps_yours_when_it_passes_and_names_the_fallback(capsys):
+    def predict_peak(n_params, activation_bytes, optimizer):
+        return 0
+    passed = labs.CheckResult("peak").ok("right")
+    failed = labs.CheckResult("peak").wrong("too small")
+    assert labs.yours_or_reference(passed, "01_predict_peak", predict_peak) is predict_peak
+    assert capsys.readouterr().out == ""
+    reference = labs.yours_or_reference(failed, "01_predict_peak", predict_peak)
+    assert reference is not predict_peak and reference.__name__ == "predict_peak"
+    assert reference(1, 0, "adam") > 0
+    assert "reference solution of '01_predict_peak'" in capsys.readouterr().out
+    pair = labs.yours_or_reference(failed, "03_ddp_hooks", _named("average_gradient"),
+                                   _named("wrap_ddp"))
+    assert [f.__name__ for f in pair] == ["average_gradient", "wrap_ddp"]
+    with pytest.raises(ValueError, match="defines no 'nothing_like_it'"):
+        labs.yours_or_reference(failed, "01_predict_peak", _named("nothing_like_it"))
+
+
+def _named(name):
+    def f():
+        pass
+    f.__name__ = name
+    return f
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ the labs in ``render.py`` (``fsdp-mini render-labs``).
 """
 
 from .config import LabConfig, in_ci, lab_config
-from .exercise import exercise, load_solution, not_written_yet, show_solution
+from .exercise import exercise, load_solution, not_written_yet, show_solution, yours_or_reference
 from .report import CheckFailed, CheckResult
 from .lab01 import *  # noqa: F401,F403
 from .lab02 import *  # noqa: F401,F403
@@ -33,5 +33,5 @@ from . import interactive, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab0
 
 _LABS = (lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10, interactive)
 __all__ = (["LabConfig", "in_ci", "lab_config", "exercise", "load_solution", "not_written_yet",
-            "show_solution", "CheckFailed", "CheckResult"]
+            "show_solution", "yours_or_reference", "CheckFailed", "CheckResult"]
            + [name for m in _LABS for name in m.__all__])
