@@ -22,7 +22,7 @@ The plumbing lives in folders and imports from the algorithm, never the other wa
 
     launcher/    launch(fn, N): run a function on N processes (gloo on CPU, NCCL on GPUs)
     telemetry/   events from the ranks (Recorder) and their totals (RunState), for watchers
-    widgets/     the live dashboard and comparison; plots.py: the same figures, static
+    widgets/     the live dashboard and comparison; plots/: the same figures, static
     jobs/        ready-made training jobs and the ``fsdp-mini`` command
     models.py    the small GPT and its synthetic data
 """

@@ -10,97 +10,30 @@ thread, and a notebook shows them once (when displayed), never a second time at 
 
 from __future__ import annotations
 
-import math
-
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, Locator, MaxNLocator
 
-from .memory import CATEGORIES
-from .theory import STRATEGIES
-from .telemetry.runstate import Runs, RunState, phase_order
-from .telemetry.units import fmt_bytes, fmt_link, fmt_rate, fmt_seconds, phase_name
-
-CATEGORY_COLORS = {"params": "#4C72B0", "gathered_params": "#9DC3E6", "grads": "#55A868",
-                   "optimizer_state": "#8172B2", "comm_buffers": "#C44E52",
-                   "activations": "#E1C16E"}
-CATEGORY_NAMES = {"params": "params (kept)", "gathered_params": "gathered params",
-                  "grads": "grads", "optimizer_state": "optimizer state",
-                  "comm_buffers": "comm buffers", "activations": "activations, temporaries"}
-OP_COLORS = {"all_gather": "#2A9D8F", "reduce_scatter": "#E76F51", "all_reduce": "#F4A261",
-             "broadcast": "#9C89B8", "barrier": "#999999"}
-PHASE_COLORS = {"forward": "#2A9D8F", "backward": "#8FD5CA", "grad": "#E76F51"}
-# Note: rank colours are chosen apart from the category and collective colours above, so a
-# rank's line never reads as a kind of memory.
-RANK_COLORS = ("#222222", "#D62AD0", "#0096C7", "#B5651D", "#6A994E", "#7B2CBF", "#FF006E",
-               "#8D99AE")
-COMPUTE_COLOR = "#C8C8C8"
-
-
-class BinaryLocator(Locator):
-    """Byte ticks at round binary values (0, 5 MiB, 10 MiB, ...), not at round decimal ones."""
-
-    def __call__(self):
-        vmin, vmax = sorted(self.axis.get_view_interval())
-        scale = 1024 ** max(0, math.floor(math.log(max(vmax, 1), 1024)))
-        ticks = MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]).tick_values(vmin / scale,
-                                                                           vmax / scale)
-        return [t * scale for t in ticks]
-
-
-def _byte_axis(axis):
-    axis.set_major_locator(BinaryLocator())
-    axis.set_major_formatter(FuncFormatter(lambda x, _pos: fmt_bytes(x)))
-
-
-def rank_color(r: int) -> str:
-    return RANK_COLORS[r % len(RANK_COLORS)]
-
-
-def as_runs(data) -> Runs:
-    if isinstance(data, Runs):
-        return data
-    runs = Runs()
-    if isinstance(data, RunState):
-        runs.runs[data.name] = runs.latest = data
-    else:
-        runs.add(data)
-    return runs
-
-
-def as_run(data) -> RunState:
-    """The run to draw: ``data`` itself, or the latest run among the events."""
-    run = data if isinstance(data, RunState) else as_runs(data).latest
-    if run is None:
-        raise ValueError("no events to draw")
-    return run
-
-
-def _ax(ax, figsize):
-    if ax is None:
-        ax = Figure(figsize=figsize, layout="constrained").add_subplot()
-    return ax
-
-
-def _rank_axis(ax, ranks):
-    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
-    for tick, r in zip(ax.get_yticklabels(), ranks):
-        tick.set_color(rank_color(r))
-    ax.set_ylim(len(ranks) - 0.5, -0.5)  # rank 0 on top
-
-
-def _legend_below(ax, ncol=3):
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=ncol, fontsize=8,
-              frameon=False)
-
-
-def _theory_lines(ax, run, vertical=True):
-    line = ax.axvline if vertical else ax.axhline
-    if run.theory_persistent() is not None:
-        line(run.theory_persistent(), color="black", ls="--", lw=1.2,
-             label=f"formula: model state {fmt_bytes(run.theory_persistent())}")
-    if run.theory_with_unit() is not None:
-        line(run.theory_with_unit(), color="black", ls=":", lw=1.2,
-             label=f"formula: + one unit gathered {fmt_bytes(run.theory_with_unit())}")
+from ..memory import CATEGORIES
+from ..telemetry.runstate import Runs, RunState, phase_order
+from ..telemetry.units import fmt_bytes, fmt_link, fmt_rate, fmt_seconds, phase_name
+from ..theory import STRATEGIES
+from .style import (  # noqa: F401 (public)
+    CATEGORY_COLORS,
+    CATEGORY_NAMES,
+    COMPUTE_COLOR,
+    OP_COLORS,
+    PHASE_COLORS,
+    RANK_COLORS,
+    BinaryLocator,
+    _ax,
+    _byte_axis,
+    _legend_below,
+    _rank_axis,
+    _theory_lines,
+    as_run,
+    as_runs,
+    rank_color,
+)
+from .timelines import _union, compute_and_comm, memory_timeline, step_timeline  # noqa: F401 (the widgets and tests use them)
 
 
 def memory_bars(data, ax=None) -> Figure:
@@ -127,41 +60,6 @@ def memory_bars(data, ax=None) -> Figure:
     ax.set_xlim(0, max([run.peak(r) for r in ranks] + [run.theory_with_unit() or 0]) * 1.45)
     ax.set_title(f"Memory per rank at its peak: {run.name}, N = {run.world_size}", fontsize=10)
     _legend_below(ax)
-    return ax.figure
-
-
-def memory_timeline(data, ax=None, steps: int = 2, rank: int = 0, legend: bool = True) -> Figure:
-    """Memory over the last ``steps`` steps: ``rank`` stacked by category, every rank's total."""
-    run, ax = as_run(data), _ax(ax, (7, 3.5))
-    shown = run.recent_memory_steps(steps)
-    points = {r: run.memory_points(r, shown) for r in run.rank_ids()}
-    if not points.get(rank):
-        ax.set_title("Memory over time: no snapshots yet", fontsize=10)
-        return ax.figure
-    first = run.rank(rank).steps.get(shown[0])
-    t0 = min(points[rank][0]["time"], first["start"] if first else float("inf"))
-    x = [(ev["time"] - t0) * 1e3 for ev in points[rank]]
-    layers = [[ev["by_category"].get(c, 0) for ev in points[rank]] for c in CATEGORIES]
-    ax.stackplot(x, *layers, step="post", colors=[CATEGORY_COLORS[c] for c in CATEGORIES],
-                 labels=[CATEGORY_NAMES[c] for c in CATEGORIES], alpha=0.9)
-    for r, pts in points.items():
-        ax.step([(ev["time"] - t0) * 1e3 for ev in pts], [ev["total_bytes"] for ev in pts],
-                where="post", color=rank_color(r), lw=1.3 if r == rank else 0.9,
-                label=f"rank {r} total" if r != rank else f"rank {r} total (stacked)")
-    for s in shown:
-        step_ev = run.rank(rank).steps.get(s)
-        if step_ev:
-            ax.axvline((step_ev["start"] - t0) * 1e3, color="grey", lw=0.8)
-            ax.text((step_ev["start"] - t0) * 1e3, 1.0, f" step {s}", fontsize=8, va="top",
-                    transform=ax.get_xaxis_transform())
-    _theory_lines(ax, run, vertical=False)
-    _byte_axis(ax.yaxis)
-    ax.set_xlabel("time (ms)")
-    ax.set_ylim(0, max(max(ev["total_bytes"] for ev in p) for p in points.values() if p) * 1.15)
-    ax.set_title(f"Memory over time, steps {shown[0]}–{shown[-1]} (rank {rank} stacked, "
-                 "lines: each rank's total)", fontsize=10)
-    if legend:
-        _legend_below(ax, ncol=3)
     return ax.figure
 
 
@@ -239,68 +137,6 @@ def bandwidth(data, ax=None) -> Figure:
             else "time = issue → done seen by the host")
     ax.set_title("Bandwidth per collective: algbw = payload/time, busbw = algbw × (N−1)/N\n"
                  f"(× 2(N−1)/N for all-reduce); {when}", fontsize=9)
-    return ax.figure
-
-
-def _union(intervals):
-    merged = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return merged
-
-
-def compute_and_comm(run: RunState, r: int, step: int):
-    """(step start, step end, compute [(start, end)], comm [(start, end, op, label)]).
-
-    Compute is the step less the time the rank spent *waiting* for collectives: an asynchronous
-    collective (a DDP bucket, a reduce-scatter) runs from its issue while the rank goes on
-    computing, so the two lanes overlap exactly where communication was hidden.
-    """
-    found = run.intervals(r, step)
-    if found is None:
-        return None
-    start, end, comm = found
-    compute, t = [], start
-    for s, e in _union([(max(s, start), min(e, end)) for s, e in run.blocked(r, step)]):
-        if s > t:
-            compute.append((t, s))
-        t = max(t, e)
-    if t < end:
-        compute.append((t, end))
-    return start, end, compute, comm
-
-
-def step_timeline(data, ax=None) -> Figure:
-    """The last completed step of every rank: compute (grey) and collectives (by op)."""
-    run, ax = as_run(data), _ax(ax, (7, 3.5))
-    step, ranks = run.last_step(), run.rank_ids()
-    found = {r: compute_and_comm(run, r, step) for r in ranks} if step is not None else {}
-    starts = [f[0] for f in found.values() if f]
-    t0, seen = (min(starts) if starts else 0.0), set()
-    for i, r in enumerate(ranks):
-        if not found.get(r):
-            continue
-        start, end, compute, comm = found[r]
-        ax.broken_barh([((s - t0) * 1e3, (e - s) * 1e3) for s, e in compute], (i - 0.35, 0.3),
-                       color=COMPUTE_COLOR, label="compute" if i == 0 else None)
-        for s, e, op, _label in comm:
-            ax.broken_barh([((s - t0) * 1e3, (e - s) * 1e3)], (i - 0.02, 0.34),
-                           color=OP_COLORS.get(op, "grey"), alpha=0.8, edgecolor="white",
-                           lw=0.3, label=op.replace("_", "-") if op not in seen else None)
-            seen.add(op)
-        busy = sum(e - s for s, e in _union([(s, e) for s, e, _o, _l in comm]))
-        ax.text((end - t0) * 1e3, i, f"  {fmt_seconds(end - start)}\n  comm {fmt_seconds(busy)}",
-                va="center", fontsize=8)
-    _rank_axis(ax, ranks)
-    ax.set_xlabel("time since the step started (ms)")
-    ax.margins(x=0.18)
-    note = f"\ncollectives as the {fmt_link(run.link)} carried them" if run.link else ""
-    ax.set_title(f"Step {step}: compute (upper lane) and collectives (lower lane) per rank"
-                 + note, fontsize=10)
-    _legend_below(ax, ncol=5)
     return ax.figure
 
 
