@@ -4,8 +4,8 @@ Try every candidate: each strategy, each precision, with and without activation 
 Keep those whose *peak* (not only the state kept between steps) fits the GPU's memory, the
 activations included (give plan the model's shape, not a parameter count). The cheapest is the
 one that sends the fewest bytes per GPU per step; at equal bytes, no recomputation beats
-checkpointing, and the less sharded strategy comes first. The budget is in GiB (2**30 bytes, as
-nvidia-smi and torch report it); the planner takes GB (10**9 bytes).
+checkpointing, and the less sharded strategy comes first. GPU memory is in GB (10**9 bytes), as
+the planner takes it.
 """
 
 import fsdp_mini
@@ -14,9 +14,8 @@ STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")    # the less sharded first
 PRECISIONS = ("fp32", "bf16-mixed")
 
 
-def cheapest_fit(model, gpus, gpu_mem_gib, micro_batch=1):
+def cheapest_fit(model, gpus, gpu_mem_gb, micro_batch=1):
     """The cheapest configuration that fits: {"strategy", "precision", "checkpointing"}, or None."""
-    gpu_mem_gb = gpu_mem_gib * 2**30 / 1e9            # GiB -> the planner's GB
     best, best_cost = None, None
     for precision in PRECISIONS:
         for checkpointing in (False, True):
