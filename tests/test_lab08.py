@@ -56,6 +56,28 @@ def test_forgetting_the_optimizer_state():
     assert "optimizer state forgotten" in said and "exp_avg" in said and "moments" in said
 
 
+MOMENTS = ("the parameters are resharded but Adam's moments (exp_avg, exp_avg_sq) are not: "
+           "reshard the optimizer state with the same offsets")
+
+
+def test_moments_left_behind_while_the_parameters_are_right():
+    """The parameter resharded, the moments not: zeros, the old rank's shard as it was, or
+    missing. Each gets the plain diagnosis, not an indexing hint."""
+    def zeros(o, n, m, r):
+        p = reshard(o, n, m, r)["param"]
+        return {"param": p, "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+
+    def unchanged(o, n, m, r):
+        mine = o.get(r, o[0])
+        return {"param": reshard(o, n, m, r)["param"], "exp_avg": mine["exp_avg"],
+                "exp_avg_sq": mine["exp_avg_sq"]}
+    said = complaint(zeros)
+    assert MOMENTS in said and "all zeros" in said and "element" not in said
+    said = complaint(unchanged)
+    assert MOMENTS in said and "old rank 0's shard, unchanged" in said
+    assert MOMENTS in complaint(lambda o, n, m, r: {"param": reshard(o, n, m, r)["param"]})
+
+
 def test_equal_shards_when_numel_does_not_split_evenly():
     said = complaint(lambda o, n, m, r: _cut(o, n, m, r, size=n // m, lo=r * (n // m)))
     assert "do not split evenly" in said and "ceil(10/3) = 4" in said and "numel // N" in said
@@ -124,4 +146,4 @@ def test_the_notebook_cleans_up_and_falls_back_to_the_reference():
                        as_version=4)
     text = "\n".join(c.source for c in nb.cells)
     assert "tempfile.mkdtemp" in text and "shutil.rmtree(work)" in text
-    assert 'labs.load_solution("08_reshard", "reshard")' in text
+    assert 'labs.yours_or_reference(reshard_check, "08_reshard", reshard)' in text

@@ -133,11 +133,15 @@ def test_a_collective_on_rank_0_only_is_stopped_and_explained(monkeypatch):
     said = complaint(labs.check_no_hang, as_given_2)
     assert "timed out after 3 s" in said and "collective under `if rank == 0`" in said
     assert "check_collectives=True) names both sides" in said
+    # where each rank waited, as a sentence: "rank 0 at `line` in as_given_2", never " (in f: ...)"
+    assert "Where they waited: rank 0 at `" in said and "` in as_given_2" in said
+    assert " (in " not in said and "at(" not in said
 
 
 def test_torch_clipping_of_sharded_gradients_is_named():
     said = complaint(labs.check_clipping, as_given_3)
     assert "raised GradientsChangedError" in said and "fsdp_mini.clip_grad_norm_(model" in said
+    assert "Where the ranks were: rank 0 at `optimizer.step()` in fsdp_clipped" in said
 
 
 @pytest.mark.parametrize("replay, clip, words", [

@@ -96,9 +96,16 @@ def run_ranks(result: CheckResult, fn, world_size: int, *args):
 
 def where(tb: str) -> str:
     """`` (in f: `line`)`` for the last frame of a traceback outside torch and fsdp_mini."""
+    frame = user_frame(tb)
+    return f" (in {frame[0]}: `{frame[1]}`)" if frame else ""
+
+
+def user_frame(tb: str) -> tuple[str, str] | None:
+    """(function, source line) of the last frame of a traceback outside torch and fsdp_mini:
+    ``('train', 'loss.backward()')``; None when the traceback has no frame of the user's."""
     frames = re.findall(r'File "([^"]+)", line \d+, in (\S+)\n\s*(.*)', tb or "")
     mine = [f for f in frames if "site-packages" not in f[0] and "/fsdp_mini/" not in f[0]]
-    return f" (in {mine[-1][1]}: `{mine[-1][2].strip()}`)" if mine else ""
+    return (mine[-1][1], mine[-1][2].strip()) if mine else None
 
 
 def compare_states(result, label, runs, ref, init, tol=1e-5) -> bool:

@@ -97,10 +97,16 @@ def _diagnose(got, want, numel, old_n, new_n, rank):
         return ((f"reshard returned a {type(got).__name__}; return a dict with 'param', "
                 f"'exp_avg' and 'exp_avg_sq'"), "one entry per key of the old shards")
     missing = [k for k in KEYS if k not in got]
+    if "param" in missing:
+        return (f"no 'param' in what you return ({where})", "one entry per key of the old shards")
     if missing:
-        return ((f"optimizer state forgotten: no {missing} in what you return ({where}); the "
-                f"resumed Adam would start its moments from zero and take a different step"),
+        return ((f"{MOMENTS_NOT_RESHARDED} (optimizer state forgotten: no {missing} in what "
+                 f"you return; {where}); the resumed Adam would start its moments from zero and "
+                 f"take a different step"),
                 "reshard every entry of the old shards, not only 'param'")
+    moments = _moments_forgotten(got, want, numel, old_n, rank)
+    if moments:
+        return f"{MOMENTS_NOT_RESHARDED} ({moments}; {where})", MOMENTS_HINT
     size = len(want["param"])
     for key in KEYS:
         g = got[key]
@@ -126,6 +132,36 @@ def _diagnose(got, want, numel, old_n, new_n, rank):
         bad = int((g != w).nonzero()[0])
         return ((f"{key!r}: element {bad} of the shard is {g[bad].item():g}, expected "
                 f"{w[bad].item():g} ({where})"), "rank r holds elements [r * size, (r + 1) * size)")
+    return None
+
+
+MOMENTS_NOT_RESHARDED = ("the parameters are resharded but Adam's moments (exp_avg, exp_avg_sq) "
+                         "are not: reshard the optimizer state with the same offsets")
+MOMENTS_HINT = "the same cut for every key of the old shards: for key in old_shards[r]"
+
+
+def _moments_forgotten(got, want, numel, old_n, rank) -> str | None:
+    """What the moments look like when 'param' is right and they are not, else None.
+    Note: a learner who cuts every key the same way gets 'param' and the moments wrong together;
+    'param' right alone means the moments took another road (zeros, the old shard, nothing)."""
+    param = got["param"]
+    if not (torch.is_tensor(param) and param.shape == want["param"].shape
+            and torch.equal(param.float(), want["param"])):
+        return None
+    for key in STATES:
+        g = got[key]
+        if torch.is_tensor(g) and g.shape == want[key].shape and torch.equal(g.float(), want[key]):
+            continue
+        if not torch.is_tensor(g):
+            return f"{key!r} is a {type(g).__name__}, not a shard"
+        mine = old_shards(numel, old_n).get(rank, {}).get(key)
+        if mine is not None and _same(g.reshape(-1), mine):
+            return f"{key!r} is old rank {rank}'s shard, unchanged"
+        if g.numel() and not g.float().abs().sum():
+            return f"{key!r} is all zeros: Adam would restart its moments"
+        if g.numel() != want[key].numel():
+            return f"{key!r} has {g.numel()} values, not the {want[key].numel()} of a new shard"
+        return f"{key!r} holds other values than new rank {rank}'s slice of the moment"
     return None
 
 

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..launcher import LaunchError, LaunchTimeoutError, launch
-from .checking import batch, forget_logs, unwritten, where
+from .checking import batch, forget_logs, unwritten, user_frame
 from .report import CheckResult
 
 __all__ = [
@@ -88,23 +88,43 @@ def one_process(steps: int = DEBUG_STEPS, world_size: int = 1, rows: str = "own"
 
 
 def my_line(err: LaunchError) -> str:
-    """The last line of your own code in a failed rank's traceback: `` (in f: `line`)``."""
-    return where(err.traceback)
+    """The last line of your own code in a failed rank's traceback, as words to follow "at":
+    ``"`loss.backward()` in train"``; "" when none is known."""
+    return _at(err.traceback)
+
+
+def _at(tb) -> str:
+    frame = user_frame(tb)
+    return f"`{frame[1]}` in {frame[0]}" if frame else ""
 
 
 def rank_lines(err: LaunchError) -> dict[int, str]:
     """Where each rank was in your code when the launch failed, from the logs ``launch`` keeps
-    (then removed): ``{0: " (in f: `line`)", 1: ...}``. The first rank named is not always
-    where the bug is: a hang shows where ranks *waited*."""
+    (then removed), to follow "rank r was at": ``{0: "`loss.backward()` in train", 1: ...}``.
+    The first rank named is not always where the bug is: a hang shows where ranks *waited*."""
     found = {}
     folder = getattr(err, "log_dir", None)
     for path in sorted(Path(folder).glob("rank*.error")) if folder else []:
         try:
-            found[int(path.stem[4:])] = where(json.loads(path.read_text()).get("traceback"))
+            tb = json.loads(path.read_text()).get("traceback")
+            found[int(path.stem[4:])] = _at(tb) or "a line outside your code"
         except (ValueError, OSError):
             continue
     forget_logs(err)
     return dict(sorted(found.items()))
+
+
+def _places(err: LaunchError, lead: str) -> str:
+    """``lead`` + "rank 0 at `line` in f; rank 1 at ...", from the logs (then removed); ""."""
+    lines = rank_lines(err)
+    return lead + "; ".join(f"rank {r} at {at}" for r, at in lines.items()) if lines else ""
+
+
+def _first_sentence(text: str, limit: int = 300) -> str:
+    """The first sentence of a long message, cut at a word (never mid-word) if still too long."""
+    text = " ".join(str(text or "").split())
+    first = text.split(". ")[0].rstrip(".")
+    return first if len(first) <= limit else first[:limit].rsplit(" ", 1)[0] + " …"
 
 
 def relative_difference(a: dict, b: dict) -> float:
@@ -137,22 +157,23 @@ def _launch(result: CheckResult, fn, world_size: int):
                       timeout=CHECK_TIMEOUT, deadline=CHECK_DEADLINE)
         return [r[0] for r in runs]
     except LaunchTimeoutError as e:
-        forget_logs(e)
-        result.wrong(str(e).splitlines()[0][:300] + my_line(e),
+        result.wrong(_first_sentence(str(e).splitlines()[0]) + _places(e, ". Where they waited: "),
                      hint="one rank waits in a collective another rank never issues. Look for a "
                           "collective under `if rank == 0` (full_state_dict and summon_full_params "
                           "are collectives under fsdp), or ranks running different numbers of "
                           "steps. parallelize(..., check_collectives=True) names both sides")
     except LaunchError as e:
-        forget_logs(e)
         kind = str(e.exc_type).rsplit(".", 1)[-1]
-        said = " ".join(str(e.message or "").split())
+        at = my_line(e)
+        places = _places(e, ". Where the ranks were: ")  # Note: the rank that raised first is
+        # not always the one with the bug: for a mismatch, every rank's line says more
         hint = {"CollectiveMismatchError": "a collective that only some ranks call: every rank "
                                            "must call it, in the same order (log from rank 0, "
                                            "but gather on every rank)",
                 "GradientsChangedError": "clip with fsdp_mini.clip_grad_norm_(model, max_norm): "
                                          "it computes the norm over every rank's shard"}.get(kind, "")
-        result.wrong(f"rank {e.rank} raised {kind}: {said[:300]}{my_line(e)}", hint=hint)
+        result.wrong(f"rank {e.rank} raised {kind}: {_first_sentence(e.message)}"
+                     + (places or (f" (at {at})" if at else "")), hint=hint)
     return None
 
 
