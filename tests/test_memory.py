@@ -158,7 +158,7 @@ def test_fsdp_phases_draw_the_gather_free_saw_tooth():
         model(torch.randn(2, 64)).backward()
         opt.step()
     gathered = [(s.label, s.by_category["gathered_params"]) for s in mem.snapshots]
-    labels = [l for l, _ in gathered]
+    labels = [label for label, _ in gathered]
     assert labels[:2] == ["root/gathered", "layers.0/gathered"]
     assert labels[-1] == "backward_end"
     by_label = dict(gathered)

@@ -64,9 +64,9 @@ def test_every_rank_sees_the_same_losses(gpt_runs):
     ws, results = gpt_runs
     for key in results[0]:
         losses = [results[r][key]["losses"] for r in range(ws)]
-        assert all(len(l) == workers.STEPS for l in losses)
+        assert all(len(rank_losses) == workers.STEPS for rank_losses in losses)
         # each rank's loss is on its own slice of the batch; averaged they give the global loss
-        assert all(math.isfinite(x) for l in losses for x in l)
+        assert all(math.isfinite(x) for rank_losses in losses for x in rank_losses)
 
 
 def _gpt_unit_sizes():
