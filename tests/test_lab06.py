@@ -1,5 +1,5 @@
 """Lab 06's checker passes the reference crossover and names each typical slip in plain words;
-the sweep's analysis finds the crossover of the α-β model it is fed; one short sweep on 2 ranks.
+the sweep's analysis fits the bytes and intercepts it is fed; one short sweep on 2 ranks.
 
 Wrong answers are the reference formula with one slip each, as a learner writes them. (Under
 CI=true, set by conftest, a failed check raises CheckFailed.)
@@ -37,7 +37,8 @@ def test_the_reference_passes_with_the_model_figures():
     result = labs.check_predict_crossover(predict)
     assert result.passed
     assert "0.414 GB/s, 0.0593 GB/s, 33.7 GB/s, 40.2 GB/s" in str(result)
-    assert "margin 0: FSDP is slower at every bandwidth (inf)" in str(result)
+    assert "margin 0: inf (with the same compute" in str(result)
+    assert "margin 0.6: 0 GB/s: FSDP never loses" in str(result)
     assert predict(3.2e6, 4, 4, 0.2, 50, 0.1) == pytest.approx(0.414, abs=1e-3)
 
 
@@ -91,6 +92,20 @@ def test_a_negative_answer_at_margin_zero_is_told_to_return_inf():
     assert "margin 0: you say" in text and "return math.inf" in text
 
 
+def test_a_negative_answer_at_a_margin_above_one_half_is_told_to_return_zero():
+    def no_zero(psi, n, units, c, alpha_us, m):
+        a, ring = alpha_us * 1e-6, (n - 1) / n
+        num = 3 * ring * 4 * psi - (1 + m) * 2 * ring * 4 * psi
+        den = (1 + m) * (c + 2 * (n - 1) * a) - c - 3 * units * (n - 1) * a
+        return math.inf if den <= 0 else num / den / 1e9   # Note: the extra bytes' edge missed
+
+    text = complaint(no_zero)
+    assert "✔ margin 0: inf" in text
+    assert "margin 0.6: you say -" in text and "never loses by 60 %" in text
+    assert "return 0.0" in text
+    assert predict(3.2e6, 4, 4, 0.2, 50.0, 0.6) == 0.0
+
+
 def test_an_error_is_one_line():
     def raises(*args):
         raise ZeroDivisionError("oops")
@@ -103,34 +118,46 @@ def test_solve_crossover_edges():
     assert lab06.solve_crossover((1, 0.5, 20), (1, 0, 10), 0.1) == math.inf  # latency alone
 
 
-def fake_sweep(bandwidths, c=0.02, steps=3, n=2, alpha_us=50.0, carried=1.0):
+def fake_sweep(bandwidths, c=0.02, steps=3, n=2, alpha_us=50.0, carried=1.0, overhead=0.0):
     """per_rank as crossover_rank returns it, every step exactly C + L + B/b (the link carrying
-    ``carried`` x the ledger's bytes)."""
+    ``carried`` x the ledger's bytes), FSDP's plus ``overhead`` seconds."""
     ops = {"ddp": [("all_reduce", 100_000)], "fsdp": [("all_gather", 50_000)] * 6}
     out = {}
     for bw in bandwidths or [None]:
         for s in ("ddp", "fsdp"):
             recs = [{"op": op, "payload_bytes": p} for op, p in ops[s]]
             lat, b = lab06.ledger_costs(recs, n, alpha_us)
-            blocked = lat + carried * b / (bw * 1e9) if bw else 0.001
-            out[s, bw] = {"seconds": [c + blocked] * steps, "blocked": [blocked] * steps,
-                          "compute": [c] * steps, "records": recs}
+            blocked = lat + carried * b / (bw * 1e9) if bw else lat
+            extra = overhead if s == "fsdp" else 0.0
+            out[s, bw] = {"seconds": [c + blocked + extra] * steps, "blocked": [blocked] * steps,
+                          "compute": [c + extra] * steps, "records": recs}
     return [out] * n
 
 
-def test_the_sweep_of_an_exact_model_measures_the_predicted_crossover():
+def test_the_sweep_of_an_exact_model_fits_the_ledgers_bytes_and_the_models_intercepts():
     kit = labs.predict_from_ledger(fake_sweep([]), 50.0, 0.2)
     (c, l_d, b_d), (_, l_f, b_f) = kit["base"]["ddp"], kit["base"]["fsdp"]
     assert c == pytest.approx(0.02) and b_d == 100_000 and b_f == 150_000
     assert l_d == pytest.approx(100e-6) and l_f == pytest.approx(300e-6)
+    assert kit["no_link"]["fsdp"] == pytest.approx(c + l_f)
     bws = [kit["predicted"] * f for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2)]
     sweep = labs.crossover_table(fake_sweep(bws), bws, kit, 0.2)
-    assert sweep["measured"] == pytest.approx(kit["predicted"])
     assert sweep["seen_bytes"]["fsdp"] == pytest.approx(150_000)
+    assert sweep["fit"]["ddp"][0] == pytest.approx(c + l_d)        # the intercept: C + L
+    assert sweep["with_overhead"] == pytest.approx(kit["predicted"])  # no overhead: the model
     for row in sweep["rows"]:
         assert row["ddp"] == pytest.approx(row["ddp model"]) and row["ratio"] > 1.2
-    slower = labs.crossover_table(fake_sweep(bws, carried=1.05), bws, kit, 0.2)
-    assert slower["measured"] > kit["predicted"]  # a link that carries more loses more often
+
+
+def test_fsdps_overhead_raises_the_crossover_and_past_the_margin_makes_it_inf():
+    kit = labs.predict_from_ledger(fake_sweep([], overhead=0.002), 50.0, 0.2)
+    bws = [kit["predicted"] * f for f in (1 / 16, 1 / 8)]
+    sweep = labs.crossover_table(fake_sweep(bws, overhead=0.002), bws, kit, 0.2)
+    assert math.inf > sweep["with_overhead"] > sweep["predicted"]
+    assert sweep["fit"]["fsdp"][0] == pytest.approx(0.02 + 300e-6 + 0.002)
+    kit = labs.predict_from_ledger(fake_sweep([], overhead=0.01), 50.0, 0.2)  # 1.5x DDP's step
+    assert labs.crossover_table(fake_sweep(bws, overhead=0.01), bws, kit, 0.2)["with_overhead"] \
+        == math.inf
 
 
 def test_a_short_sweep_on_two_ranks_records_the_ledgers_bytes():

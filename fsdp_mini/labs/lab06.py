@@ -115,16 +115,24 @@ def check_predict_crossover(fn) -> CheckResult:
 
 
 def _check_edges(result: CheckResult, fn) -> CheckResult:
-    """Margin 0: same compute, more bytes and more latency: FSDP is slower at every bandwidth."""
-    try:
-        edge = float(fn(3.2e6, 4, 4, 0.2, 50.0, 0.0))
-    except Exception as e:  # noqa: BLE001
-        return result.wrong(f"with margin 0 your function raised {type(e).__name__}: {e}",
-                            hint="when nothing is left for the extra bytes, return math.inf")
-    result.check(edge == math.inf, "margin 0: FSDP is slower at every bandwidth (inf)",
-                        f"margin 0: you say {edge:.4g} GB/s, but with the same compute and more "
-                        f"bytes FSDP is slower at every bandwidth", hint="when the denominator "
-                        "is ≤ 0, return math.inf")
+    """The two edges of the formula, on the laptop job (Ψ = 3.2 M, N = 4, 4 units, C = 0.2 s):
+    margin 0: same compute, more bytes and more latency: FSDP loses at every bandwidth (inf);
+    margin 0.6: FSDP sends at most 1.5x DDP's bytes, so the bytes never cost it 60 % (0.0)."""
+    for margin, want, why, hint in (
+            (0.0, math.inf, "with the same compute, more bytes and more latency FSDP is slower "
+             "at every bandwidth", "when the time the margin leaves is ≤ 0, return math.inf"),
+            (0.6, 0.0, "FSDP sends at most 1.5x DDP's bytes and its latency fits in the margin: "
+             "it never loses by 60 %", "when FSDP's bytes are within (1 + margin) × DDP's "
+             "(margin ≥ 0.5) and time is left, return 0.0")):
+        said = "inf" if want == math.inf else "0 GB/s: FSDP never loses"
+        try:
+            got = float(fn(3.2e6, 4, 4, 0.2, 50.0, margin))
+        except Exception as e:  # noqa: BLE001
+            result.wrong(f"with margin {margin:g} your function raised {type(e).__name__}: {e}",
+                         hint=hint)
+            continue
+        result.check(got == want, f"margin {margin:g}: {said} ({why})",
+                     f"margin {margin:g}: you say {got:.4g} GB/s, but {why}", hint=hint)
     return result
 
 

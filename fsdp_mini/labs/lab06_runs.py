@@ -1,11 +1,11 @@
 """Lab 06's measurements: the fsdp variants side by side on one link, the DDP/FSDP bandwidth
-sweep, and what is read from them (the ledger's α-β costs, the fitted bytes, a timeline).
+sweep, and what is read from them (the ledger's α-β costs, the fitted lines, a timeline).
 
     per_rank = fsdp_mini.launch(options_rank, N, "tiny", OPTION_VARIANTS, 4, Link(0.02, 200))
     alone = fsdp_mini.launch(crossover_rank, N, "tiny", [], 4, 50.0)      # no link
     kit = predict_from_ledger(alone, 50.0, margin=0.2)                    # C, L, B -> b*
     swept = fsdp_mini.launch(crossover_rank, N, "tiny", [kit["predicted"] / 4], 4, 50.0)
-    crossover_table(swept, [kit["predicted"] / 4], kit, 0.2)              # measured b*
+    crossover_table(swept, [kit["predicted"] / 4], kit, 0.2)              # fitted bytes
 """
 
 from __future__ import annotations
@@ -155,25 +155,31 @@ def _slowest(per_rank: list[dict], key, what: str) -> float:
 def predict_from_ledger(per_rank: list[dict], latency_us: float, margin: float) -> dict:
     """The kit's prediction for a job measured without a link (:func:`crossover_rank` with no
     bandwidths): C, DDP's compute (the step less its time blocked; the same for both), and each
-    strategy's L and B read from its ledger; the crossover by :func:`solve_crossover`."""
+    strategy's L and B read from its ledger; the crossover by :func:`solve_crossover`; and
+    ``no_link``, each strategy's measured step (median of the slowest rank)."""
     n = len(per_rank)
     compute = _slowest(per_rank, ("ddp", None), "compute")
     base = {s: (compute, *ledger_costs(per_rank[0][s, None]["records"], n, latency_us))
             for s in ("ddp", "fsdp")}
-    return {"base": base, "predicted": solve_crossover(base["fsdp"], base["ddp"], margin)}
+    # Note: the whole measured step too: FSDP's holds its per-unit overhead, which C + L lacks
+    no_link = {s: _slowest(per_rank, (s, None), "seconds") for s in ("ddp", "fsdp")}
+    return {"base": base, "no_link": no_link,
+            "predicted": solve_crossover(base["fsdp"], base["ddp"], margin)}
 
 
 def crossover_table(per_rank: list[dict], bandwidths, prediction: dict, margin: float) -> dict:
     """The sweep measured beside ``prediction`` (:func:`predict_from_ledger`): per bandwidth,
     each step time (median, slowest rank), the model's C + L + B/b, and FSDP / DDP; per strategy
-    the line T = a + B'/b fitted to the measured times (least squares in 1/b), B' the bytes the
-    link was *seen* to carry in a step; the crossover measured is :func:`solve_crossover` with
-    those B' in place of the ledger's B.
+    the line T = a + B'/b fitted to the measured times (least squares in 1/b): ``fit`` holds
+    (a, B'), B' the bytes the link was *seen* to carry in a step. ``with_overhead`` is the α-β
+    crossover again, with each strategy's measured step without a link (``no_link``: compute,
+    latency, gloo's own time and FSDP's per-unit overhead) in place of C + L; ``inf`` when
+    FSDP's overhead alone exceeds the margin.
 
     Note: run it on slow links, where the link's time is most of a step: near the crossover
     gloo's own time and a shared machine's noise are as large as what the link adds.
     """
-    base = prediction["base"]
+    base, alone = prediction["base"], prediction["no_link"]
     rows = []
     for bw in bandwidths:
         row = {"bw": bw}
@@ -185,9 +191,9 @@ def crossover_table(per_rank: list[dict], bandwidths, prediction: dict, margin: 
         rows.append(row)
     fit = {s: _fit([1 / (r["bw"] * 1e9) for r in rows], [r[s] for r in rows])
            for s in ("ddp", "fsdp")}
-    seen = {s: (base[s][0], base[s][1], fit[s][1]) for s in ("ddp", "fsdp")}
+    measured = {s: (alone[s], 0.0, base[s][2]) for s in ("ddp", "fsdp")}
     return {"rows": rows, "fit": fit, "seen_bytes": {s: fit[s][1] for s in fit},
-            "measured": solve_crossover(seen["fsdp"], seen["ddp"], margin),
+            "with_overhead": solve_crossover(measured["fsdp"], measured["ddp"], margin),
             "predicted": prediction["predicted"]}
 
 
