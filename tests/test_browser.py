@@ -1,65 +1,35 @@
-"""The demo notebook in a real browser: JupyterLab on localhost, headless Chromium, "Run All Cells".
+"""The labs in a real browser: JupyterLab on localhost, headless Chromium, "Run All Cells".
 
-Checks what a learner sees: the FSDP dashboard draws per-rank memory bars and traffic figures
-while the launch cell is still running, every cell finishes without an error, and the
-comparison shows ddp, zero1, zero2 and fsdp. Saves screenshots (``FSDP_MINI_SCREENSHOTS`` or the
-test's tmp dir). Needs Debian's ``chromium`` and the ``playwright`` package (no browser download).
+Checks what a learner sees: the FSDP dashboard of the demo notebook draws per-rank memory bars
+and traffic figures while the launch cell is still running, and its comparison shows ddp, zero1,
+zero2 and fsdp; lab 05 runs to the end with its dashboard; lab 07 runs to the end and its planner
+widget is drawn and answers its controls. Every cell finishes without an error and no process is
+left. Saves screenshots (``FSDP_MINI_SCREENSHOTS`` or the test's tmp dir). Needs Debian's
+``chromium`` and the ``playwright`` package (no browser download); the helpers are in
+``browser_notebook`` and ``browser_helpers``.
 
     python -m pytest -m browser tests/test_browser.py -s
 """
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
 import re
 import shutil
 import time
-import urllib.error
 
 import pytest
 
-from browser_helpers import children, cmdline, processes_matching, running_lab
-
-try:
-    from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import sync_playwright
-except ImportError:  # the test skips
-    sync_playwright, PlaywrightError = None, Exception
+from browser_notebook import (assert_nothing_left, assert_ran_cleanly, open_notebook,
+                              run_to_the_end, wait_until)
 
 pytestmark = pytest.mark.browser
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "labs" / "demo_dashboard.ipynb"
-CHROMIUM = shutil.which("chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 RANKS = range(4)  # CI=true: the notebook's config cell runs 4 ranks, tiny GPT (25 steps here)
 RUN_TIMEOUT = 240.0
 SIZE = re.compile(r"\d+(?:\.\d+)? (?:B|KiB|MiB|GiB)")
-
-# The page, read in one go: every cell (kind, prompt, source, output text, stderr outputs), the
-# kernel status, and the dialogs and toasts on screen.
-READ_PAGE = r"""() => {
-  const text = e => (e ? e.textContent : "");
-  const cells = [...document.querySelectorAll(".jp-Notebook .jp-Cell")].map(c => ({
-    code: c.classList.contains("jp-CodeCell"),
-    prompt: text(c.querySelector(".jp-InputArea-prompt")).trim(),
-    source: text(c.querySelector(".jp-InputArea-editor .cm-content")),
-    output: text(c.querySelector(".jp-OutputArea")),
-    stderr: [...c.querySelectorAll(
-      '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')].map(text),
-    images: c.querySelectorAll(".jp-OutputArea .jp-RenderedImage img").length,
-  }));
-  const indicator = document.querySelector(".jp-Notebook-ExecutionIndicator");
-  return {
-    cells,
-    status: indicator ? indicator.getAttribute("data-status") : null,
-    dialogs: [...document.querySelectorAll(".jp-Dialog")].map(text),
-    toasts: [...document.querySelectorAll(".jp-Notification-Toast, .Toastify__toast")].map(text),
-  };
-}"""
 
 # Inside one cell's output: the dashboard's memory rows and traffic rows, rank by rank, and
 # the widths the browser actually laid out for the coloured bar segments.
@@ -98,89 +68,9 @@ READ_COMPARISON = r"""(cell) => {
 }"""
 
 
-def _requirements() -> None:
-    if CHROMIUM is None:
-        pytest.skip("no `chromium` on PATH (Debian: apt-get install chromium)")
-    if sync_playwright is None:
-        pytest.skip("playwright is not installed (pip install playwright; its browser download "
-                    "is not needed: the test uses the system chromium)")
-
-
-def _wait_until(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-def _executed(prompt: str) -> bool:
-    return re.fullmatch(r"\[\d+\]:", prompt) is not None
-
-
 def _has_bars(view) -> bool:
     """Every rank's memory row has coloured segments and a size: data came in."""
     return all(sum(m["segments"]) > 0 and SIZE.search(m["text"]) for m in view["memory"])
-
-
-def _cell_index(notebook, needle: str) -> int:
-    """The first code cell whose source contains ``needle`` (from the file: editors load late)."""
-    found = [i for i, c in enumerate(notebook["cells"])
-             if c["cell_type"] == "code" and needle in "".join(c["source"])]
-    assert found, f"no code cell containing {needle!r}"
-    return found[0]
-
-
-def _describe(state) -> str:
-    return "\n".join(f"{c['prompt']:>6} {c['source'][:60]!r} -> {c['output'][-300:]!r}"
-                     for c in state["cells"] if c["code"])
-
-
-def _dismiss_prompts(page, state) -> None:
-    """The kernel-choice dialog (accept it) and the "Jupyter news?" toast (say no). Either may be
-    fading out already, so a click that finds nothing to click is fine."""
-    targets = []
-    if state["dialogs"]:
-        targets.append(page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept"))
-    if state["toasts"]:
-        toasts = page.locator(".jp-Notification-Toast, .Toastify__toast")
-        targets += [toasts.get_by_role("button", name="No", exact=True),
-                    toasts.locator(".jp-Notification-Toast-Close")]
-    for target in targets:
-        target = target.first
-        try:
-            if target.is_visible():
-                target.click(timeout=2000)
-                return
-        except PlaywrightError:
-            pass
-
-
-def _wait_for_notebook(page, lab, n_cells, timeout=90.0):
-    """All cells rendered, prompts dismissed, and a kernel that is idle with this page connected."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = page.evaluate(READ_PAGE)
-        _dismiss_prompts(page, state)
-        try:
-            kernels = lab.api("api/kernels")
-        except urllib.error.HTTPError:  # the server answers 500 while a kernel is starting
-            kernels = None
-        if (len(state["cells"]) == n_cells and not state["dialogs"]
-                and state["status"] == "idle" and kernels
-                and all(k["execution_state"] == "idle" and k["connections"] >= 1
-                        for k in kernels)):
-            return state
-        time.sleep(0.3)
-    raise AssertionError(f"the notebook did not get ready in {timeout:.0f} s: {state} {kernels}")
-
-
-def _run_all_cells(page) -> None:
-    """What a learner does: the "Run" menu, then "Run All Cells"."""
-    page.locator(".jp-Notebook .jp-Cell").first.click()  # the notebook has the focus
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
 
 
 def _screenshots(page, dash_cell, out_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
@@ -211,82 +101,34 @@ def _screenshots(page, dash_cell, out_dir: pathlib.Path) -> tuple[pathlib.Path, 
     return full, focused
 
 
+
 def test_demo_notebook_runs_live_in_jupyterlab(tmp_path):
-    _requirements()
-    served = tmp_path / "lab"
-    served.mkdir()
-    shutil.copy(NOTEBOOK, served / NOTEBOOK.name)
-    notebook = json.loads(NOTEBOOK.read_text())
-    shots = pathlib.Path(os.environ.get("FSDP_MINI_SCREENSHOTS") or tmp_path / "screenshots")
-    shots.mkdir(parents=True, exist_ok=True)
-    children_before = children(os.getpid())
     t0 = time.monotonic()
-    live, final = [], None  # dashboard states seen while its cell still showed [*]
-    live_shot = shots / "demo_dashboard_live.png"
+    live = []  # dashboard states seen while its cell still showed [*]
+    with open_notebook(NOTEBOOK, tmp_path) as nb:
+        live_shot = nb.shots / "demo_dashboard_live.png"
+        dash_i, dash_cell = nb.cell("Dashboard()")
+        cmp_i, cmp_cell = nb.cell("Comparison()")
 
-    with running_lab(served, tmp_path / "jupyterlab.log", tmp_path / "jupyter-state") as lab:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                        args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                page.goto(lab.url(f"lab/tree/{NOTEBOOK.name}"), timeout=60_000)
-                state = _wait_for_notebook(page, lab, len(notebook["cells"]))
-                code = [i for i, c in enumerate(state["cells"]) if c["code"]]
-                assert code == [i for i, c in enumerate(notebook["cells"])
-                                if c["cell_type"] == "code"], state["cells"]
-                dash_i = _cell_index(notebook, "Dashboard()")
-                cmp_i = _cell_index(notebook, "Comparison()")
-                cells = page.locator(".jp-Notebook .jp-Cell")
-                dash_cell, cmp_cell = cells.nth(dash_i), cells.nth(cmp_i)
-                t_ready = time.monotonic()
-                _run_all_cells(page)
+        def watch(state):
+            if state["cells"][dash_i]["prompt"] != "[*]:":
+                return
+            seen = dash_cell.evaluate(READ_DASHBOARD)
+            labels = [m["label"] for m in seen["memory"]]
+            # Note: a view read while the widget re-renders its rows is skipped
+            if labels == [f"rank {r}" for r in RANKS] and "running" in seen["header"]:
+                live.append(seen)
+                if _has_bars(seen) and not live_shot.exists():
+                    dash_cell.locator(".jp-OutputArea").evaluate(
+                        "e => e.scrollIntoView({block: 'start'})")
+                    nb.page.screenshot(path=str(live_shot))
 
-                deadline, idle_since = time.monotonic() + RUN_TIMEOUT, None
-                while True:
-                    state = page.evaluate(READ_PAGE)
-                    lab.record_processes()  # the kernel and, while they run, its ranks
-                    _dismiss_prompts(page, state)
-                    if state["cells"][dash_i]["prompt"] == "[*]:":
-                        seen = dash_cell.evaluate(READ_DASHBOARD)
-                        labels = [m["label"] for m in seen["memory"]]
-                        # Note: a view read while the widget re-renders its rows is skipped
-                        if labels == [f"rank {r}" for r in RANKS] and "running" in seen["header"]:
-                            live.append(seen)
-                            if _has_bars(seen) and not live_shot.exists():
-                                dash_cell.locator(".jp-OutputArea").evaluate(
-                                    "e => e.scrollIntoView({block: 'start'})")
-                                page.screenshot(path=str(live_shot))
-                    prompts = [state["cells"][i]["prompt"] for i in code]
-                    done = all(_executed(p) for p in prompts)
-                    if state["status"] == "idle" and done:
-                        break
-                    if any(s for i in code for s in state["cells"][i]["stderr"]):
-                        break  # an error: Run All stops there; the assertions below say which
-                    # idle with cells left unrun (Run All stopped): give it 10 s to be sure
-                    idle_since = (idle_since or time.monotonic()) if state["status"] == "idle" \
-                        else None
-                    assert idle_since is None or time.monotonic() - idle_since < 10, \
-                        f"the kernel is idle but cells did not run:\n{_describe(state)}"
-                    assert time.monotonic() < deadline, \
-                        f"not done in {RUN_TIMEOUT:.0f} s:\n{_describe(state)}"
-                    time.sleep(0.1)
-                t_run = time.monotonic() - t_ready
-
-                errors = [(state["cells"][i]["source"][:60], s) for i in code
-                          for s in state["cells"][i]["stderr"]]
-                assert not errors, f"error output in cells: {errors}"
-                for i in code:
-                    out = state["cells"][i]["output"]
-                    assert not re.search(r"Traceback|\w*Error\b", out), (i, out[-2000:])
-                assert all(_executed(state["cells"][i]["prompt"]) for i in code), _describe(state)
-                page.wait_for_timeout(500)  # the last widget messages after the kernel is idle
-                final = dash_cell.evaluate(READ_DASHBOARD)
-                comparison = cmp_cell.evaluate(READ_COMPARISON)
-                full, focused = _screenshots(page, dash_cell, shots)
-            finally:
-                browser.close()
-        lab.record_processes()
+        state, t_run = run_to_the_end(nb, RUN_TIMEOUT, on_poll=watch)
+        assert_ran_cleanly(state, nb.code)
+        nb.page.wait_for_timeout(500)  # the last widget messages after the kernel is idle
+        final = dash_cell.evaluate(READ_DASHBOARD)
+        comparison = cmp_cell.evaluate(READ_COMPARISON)
+        full, focused = _screenshots(nb.page, dash_cell, nb.shots)
     shutil.copy(full, "/tmp/browser_demo.png")
     shutil.copy(focused, "/tmp/browser_demo_fsdp.png")
 
@@ -333,15 +175,20 @@ def test_demo_notebook_runs_live_in_jupyterlab(tmp_path):
         assert sum(bool(SIZE.fullmatch(c)) for c in row) >= 4, row
 
     # -- nothing left running ---------------------------------------------------------------------
-    assert not lab.leaked, f"processes outlived JupyterLab: {lab.leaked}"
-    assert not lab.ours(), [cmdline(p) for p in lab.ours()]
-    commands = [cmd for _, cmd in lab.seen.values()]
-    assert any("ipykernel" in cmd for cmd in commands), commands  # the bookkeeping saw them
-    assert any("fsdp_mini.launcher.rank_entry" in cmd for cmd in commands), commands
-    # like `pgrep -f fsdp_mini.launcher.rank_entry`, but only ours: other test runs may share the machine
-    assert not {p for p in processes_matching("fsdp_mini.launcher.rank_entry") if p in lab.seen}
-    assert _wait_until(lambda: children(os.getpid()) <= children_before, 5), \
-        [cmdline(p) for p in children(os.getpid()) - children_before]
+    assert_nothing_left(nb, "fsdp_mini.launcher.rank_entry")
+
+
+def _is_error(stderr: str) -> bool:
+    return "Traceback" in stderr or "Error" in stderr
+
+
+def _output_screenshot(nb, cell, name: str) -> pathlib.Path:
+    """A screenshot of the viewport with ``cell``'s output at its top."""
+    cell.locator(".jp-OutputArea").evaluate("e => e.scrollIntoView({block: 'start'})")
+    nb.page.wait_for_timeout(300)
+    shot = nb.shots / name
+    nb.page.screenshot(path=str(shot))
+    return shot
 
 
 LAB05 = ROOT / "labs" / "05_fsdp.ipynb"
@@ -350,52 +197,15 @@ LAB05 = ROOT / "labs" / "05_fsdp.ipynb"
 def test_lab05_runs_to_the_end_in_jupyterlab(tmp_path):
     """Lab 05 as a learner runs it: "Run All Cells" in JupyterLab, the dashboard visible, the
     interactive ranks started and stopped; a screenshot of the dashboard is kept."""
-    _requirements()
-    served = tmp_path / "lab"
-    shutil.copytree(ROOT / "labs", served, ignore=shutil.ignore_patterns("*.pyc", "__pycache__"))
-    notebook = json.loads(LAB05.read_text())
-    shots = pathlib.Path(os.environ.get("FSDP_MINI_SCREENSHOTS") or tmp_path / "screenshots")
-    shots.mkdir(parents=True, exist_ok=True)
-    children_before = children(os.getpid())
-    with running_lab(served, tmp_path / "jupyterlab.log", tmp_path / "jupyter-state") as lab:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                        args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                page.goto(lab.url(f"lab/tree/{LAB05.name}"), timeout=60_000)
-                state = _wait_for_notebook(page, lab, len(notebook["cells"]))
-                code = [i for i, c in enumerate(state["cells"]) if c["code"]]
-                dash_i = _cell_index(notebook, "Dashboard()")
-                dash_cell = page.locator(".jp-Notebook .jp-Cell").nth(dash_i)
-                started = time.monotonic()
-                _run_all_cells(page)
-                while True:
-                    state = page.evaluate(READ_PAGE)
-                    lab.record_processes()
-                    _dismiss_prompts(page, state)
-                    if state["status"] == "idle" and all(
-                            _executed(state["cells"][i]["prompt"]) for i in code):
-                        break
-                    if any(s for i in code for s in state["cells"][i]["stderr"]
-                           if "Traceback" in s or "Error" in s):
-                        break
-                    assert time.monotonic() - started < RUN_TIMEOUT, _describe(state)
-                    time.sleep(0.2)
-                took = time.monotonic() - started
-                for i in code:
-                    out = state["cells"][i]["output"]
-                    assert not re.search(r"Traceback|\w+Error:", out), (i, out[-2000:])
-                page.wait_for_timeout(500)
-                final = dash_cell.evaluate(READ_DASHBOARD)
-                dash_cell.locator(".jp-OutputArea").evaluate(
-                    "e => e.scrollIntoView({block: 'start'})")
-                page.wait_for_timeout(300)
-                shot = shots / "lab05_dashboard.png"
-                page.screenshot(path=str(shot))
-            finally:
-                browser.close()
-        lab.record_processes()
+    with open_notebook(LAB05, tmp_path) as nb:
+        _, dash_cell = nb.cell("Dashboard()")
+        # Note: the interactive ranks log to stderr as they start: only errors stop the run
+        state, took = run_to_the_end(nb, RUN_TIMEOUT, stops=_is_error)
+        assert_ran_cleanly(state, nb.code, stderr_fails=_is_error,
+                           error=re.compile(r"Traceback|\w+Error:"))
+        nb.page.wait_for_timeout(500)
+        final = dash_cell.evaluate(READ_DASHBOARD)
+        shot = _output_screenshot(nb, dash_cell, "lab05_dashboard.png")
     shutil.copy(shot, "/tmp/browser_lab05.png")
     print(f"\nlab 05: run all cells took {took:.1f} s; screenshot {shot} "
           f"(copied to /tmp/browser_lab05.png)")
@@ -403,7 +213,97 @@ def test_lab05_runs_to_the_end_in_jupyterlab(tmp_path):
     assert "finished" in final["header"] and ranks and ranks[0] == "rank 0", final
     for row in final["memory"]:
         assert sum(row["segments"]) > 1 and "peak" in row["text"], row
-    assert not lab.leaked, f"processes outlived JupyterLab: {lab.leaked}"
-    commands = [cmd for _, cmd in lab.seen.values()]
-    assert any("ipyparallel" in cmd for cmd in commands), "the interactive ranks were not seen"
-    assert _wait_until(lambda: children(os.getpid()) <= children_before, 5)
+    assert_nothing_left(nb, "ipyparallel")
+
+
+# -- lab 07: its last widget, the planner, drawn and live ---------------------------------------
+
+LAB07 = ROOT / "labs" / "07_bigger.ipynb"
+LAB07_TIMEOUT = 480.0  # six trainings (five on CPU) of the tiny GPT, on a loaded machine
+
+# The Planner widget in one cell's output: its box, each control (label -> value as shown), the
+# bars' image and the table.
+READ_PLANNER = r"""(cell) => {
+  const text = e => (e ? e.textContent : "");
+  const size = e => { const r = e.getBoundingClientRect(); return [r.width, r.height]; };
+  const box = cell.querySelector(".jp-OutputArea .widget-vbox");
+  if (!box) return null;
+  const controls = {};
+  for (const w of box.querySelectorAll(".widget-inline-hbox")) {
+    const label = text(w.querySelector("label")).trim();
+    const select = w.querySelector("select"), check = w.querySelector("input[type=checkbox]");
+    const readout = w.querySelector(".widget-readout");
+    if (label) controls[label] = select ? text(select.selectedOptions[0])
+      : check ? check.checked : readout ? text(readout).trim() : null;
+  }
+  const img = box.querySelector("img.widget-image"), pre = box.querySelector("pre");
+  return {size: size(box), controls, table: text(pre).trim(),
+          image: img ? {src: img.src, natural: img.naturalWidth, size: size(img)} : null};
+}"""
+SHOWN = {"model", "GPUs", "GPU GB", "precision", "micro-batch", "link GB/s"}
+
+
+def _planner_table(controls) -> str:
+    """The table the Planner shows for these values of its arguments, planned here."""
+    from fsdp_mini.planner import format_plan
+    from fsdp_mini.widgets.planner import Planner
+
+    shown = Planner(model=controls["model"], gpus=int(controls["GPUs"]),
+                    gpu_mem_gb=float(controls["GPU GB"]), precision=controls["precision"])
+    return format_plan(shown.plan).strip()
+
+
+def _control(cell, page, kind: str, label: str):
+    return cell.locator(kind).filter(
+        has=page.locator("label", has_text=re.compile(f"^{re.escape(label)}$")))
+
+
+def _after(cell, before, change, timeout=60.0):
+    """Make ``change`` in the browser; the planner as soon as its table and its image moved."""
+    change()
+    seen = []
+    moved = wait_until(lambda: seen.append(cell.evaluate(READ_PLANNER)) or (
+        seen[-1]["table"] != before["table"] and seen[-1]["image"]["src"] != before["image"]["src"]
+        and seen[-1]["image"]["natural"] > 0), timeout)
+    assert moved, f"the planner did not redraw in {timeout:.0f} s: {seen[-1]}"
+    return seen[-1]
+
+
+def _assert_drawn(view, controls: dict) -> None:
+    """The planner is laid out with its controls, an image of its bars and the right table."""
+    assert view["size"][0] > 300 and view["size"][1] > 300, view["size"]
+    assert SHOWN <= set(view["controls"]), view["controls"]
+    assert view["image"] and view["image"]["natural"] > 100, view["image"]
+    assert min(view["image"]["size"]) > 100, view["image"]
+    assert {k: view["controls"][k] for k in controls} == controls, view["controls"]
+    assert view["table"] == _planner_table(view["controls"]), view["table"]
+    assert re.search(r"^fsdp\s", view["table"], re.M), view["table"]
+
+
+def test_lab07_runs_to_the_end_and_its_planner_answers(tmp_path):
+    """Lab 07 as a learner runs it: "Run All Cells" in JupyterLab, then the planner of its last
+    cell is drawn, and answers a new model and a new GPU count chosen in the browser."""
+    with open_notebook(LAB07, tmp_path) as nb:
+        _, cell = nb.cell("Planner(")
+        state, took = run_to_the_end(nb, LAB07_TIMEOUT)
+        assert_ran_cleanly(state, nb.code)
+        nb.page.wait_for_timeout(500)
+        first = cell.evaluate(READ_PLANNER)
+        assert first is not None, f"no planner widget in the last cell: {state['cells'][-1]}"
+        _assert_drawn(first, {})
+        # -- live: the kernel is idle, so the browser's changes reach it and it redraws
+        model = "7b" if first["controls"]["model"] != "7b" else "70b"
+        select = _control(cell, nb.page, ".widget-dropdown", "model").locator("select")
+        second = _after(cell, first, lambda: select.select_option(label=model))
+        _assert_drawn(second, {"model": model, "GPUs": first["controls"]["GPUs"]})
+        gpus = "8" if first["controls"]["GPUs"] != "8" else "16"
+        readout = _control(cell, nb.page, ".widget-slider", "GPUs").locator(".widget-readout")
+        third = _after(cell, second, lambda: (readout.fill(gpus), readout.press("Enter")))
+        _assert_drawn(third, {"model": model, "GPUs": gpus})
+        assert f"{gpus} GPUs of" in third["table"].splitlines()[0], third["table"]
+        shot = nb.shots / "lab07_planner.png"
+        cell.locator(".jp-OutputArea").screenshot(path=str(shot))
+    shutil.copy(shot, "/tmp/browser_lab07.png")
+    print(f"\nlab 07: run all cells took {took:.1f} s; the planner redrew for {model} and for "
+          f"{gpus} GPUs; screenshot {shot} (copied to /tmp/browser_lab07.png)")
+    assert_nothing_left(nb, "fsdp_mini.launcher.rank_entry")

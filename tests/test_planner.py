@@ -171,3 +171,9 @@ def test_widget_redraws_when_a_control_changes():
     assert after["fsdp"] < before["fsdp"] and after["ddp"] == before["ddp"]
     w.controls["precision"].value = "fp32"
     assert w.plan.precision == "fp32" and w.image.value  # a PNG was drawn
+    # the link is one of round values, so the table is exactly plan(bandwidth_gbs=...)'s
+    w.controls["bandwidth_gbs"].value = 10
+    assert w.plan == plan(**w.arguments()) and w.arguments()["bandwidth_gbs"] == 10
+    slow = w.plan.strategies["fsdp"].comm_seconds_per_step
+    w.controls["bandwidth_gbs"].value = 100
+    assert w.plan.strategies["fsdp"].comm_seconds_per_step < slow

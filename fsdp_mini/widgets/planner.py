@@ -24,6 +24,9 @@ PARAM_CHOICES = {"1B (params only)": 1e9, "7B (params only)": 7e9, "13B (params 
                  "70B (params only)": 70e9}
 
 
+LINK_GBS = (1, 2, 5, 10, 25, 50, 100, 200, 400, 1000)  # link bandwidths offered, GB/s
+
+
 class Planner(W.VBox):
     """Sliders and drop-downs → :func:`fsdp_mini.plan` → stacked bars and a table."""
 
@@ -41,8 +44,9 @@ class Planner(W.VBox):
             "micro_batch": W.IntSlider(value=1, min=1, max=16, description="micro-batch"),
             "checkpointing": W.Checkbox(value=False, description="activation checkpointing"),
             "offload": W.Checkbox(value=False, description="offload sharded state"),
-            "bandwidth_gbs": W.FloatLogSlider(value=50, base=10, min=0, max=3,
-                                              description="link GB/s"),
+            # Note: round values, not a log slider: a log slider snaps 50 to 10^1.7 = 50.12 in the
+            # browser and sends that back, so the table would not be plan(bandwidth_gbs=50)'s.
+            "bandwidth_gbs": W.SelectionSlider(options=LINK_GBS, value=50, description="link GB/s"),
         }
         self.image = W.Image(format="png")
         self.table = W.HTML()
