@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import statistics
 import time
-import traceback
 from contextlib import nullcontext
 from functools import partial
 
 import torch
 import torch.distributed as dist
 
-from .checking import run_ranks, where
 from .dispatch_bytes import CollectiveBytes
-from .report import CheckResult
+from .four_jobs import KINDS, build
+from .port_check import check_port_to_fsdp2, judge_port, port_runs  # noqa: F401
 from .torchrun_cell import torchrun
 
 __all__ = [
@@ -35,42 +34,14 @@ __all__ = [
     "torchrun",
 ]
 
-KINDS = ("fsdp_mini ddp", "torch DDP", "fsdp_mini fsdp", "torch fully_shard")
-
-
-# -- building the four jobs -----------------------------------------------------------------------
-
-def build(kind: str, net, lr: float = 1e-3, param_dtype=None):
-    """``(model, optimizer)`` for one of :data:`KINDS`; every block is a unit (fsdp_mini's
-    ``units=``, torch's ``fully_shard`` on each block, then on the root)."""
-    import fsdp_mini
-    adamw = partial(torch.optim.AdamW, lr=lr)
-    if kind == "fsdp_mini ddp":
-        return fsdp_mini.parallelize(net, "ddp", optimizer=adamw)
-    if kind == "fsdp_mini fsdp":
-        mp = ({"param_dtype": param_dtype, "reduce_dtype": torch.float32} if param_dtype else {})
-        return fsdp_mini.parallelize(net, "fsdp", optimizer=adamw, units=list(net.blocks), **mp)
-    if kind == "torch DDP":
-        from torch.nn.parallel import DistributedDataParallel
-        ddp = DistributedDataParallel(net)
-        return ddp, adamw(ddp.parameters())
-    if kind == "torch fully_shard":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32
-                                      if param_dtype else None)
-        for block in net.blocks:
-            fully_shard(block, mp_policy=policy)
-        fully_shard(net, mp_policy=policy)
-        return net, adamw(net.parameters())
-    raise ValueError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
-
-
 def measure_side_by_side(rank, world_size, model="tiny", steps=3, global_batch=4, kinds=KINDS):
     """Train the GPT under each of ``kinds`` in turn, same data, AdamW. Per kind: ``state`` and
     ``by_category`` after the last step's update, ``peak_by_category`` and ``own_peak`` of that
     step (``track_memory``), ``sent`` by collective in that step (the dispatcher's view,
-    :class:`CollectiveBytes`) and ``ledger`` (fsdp_mini's own record, None for torch), the median
-    ``seconds`` of the steps before it, ``losses``. Under ``"dtensor"``: what FSDP2 made of the
+    :class:`CollectiveBytes`) and ``ledger`` (fsdp_mini's own record, None for torch), ``calls``
+    (the collectives of that step), ``first_seconds`` (step 0, with the one-off set-up) and the
+    median ``seconds`` of the warm steps between (``first_opt_seconds``, ``opt_seconds``: the same
+    for ``opt.step()`` alone), ``losses``. Under ``"dtensor"``: what FSDP2 made of the
     first parameters (placements, local and full shapes, ``full_tensor()`` equal to the
     unsharded weight)."""
     import fsdp_mini
@@ -87,7 +58,7 @@ def measure_side_by_side(rank, world_size, model="tiny", steps=3, global_batch=4
             out["dtensor"] = _dtensor_view(net, make_model(cfg))
         ledger = getattr(getattr(net, "fsdp_mini", None), "comm", None)
         ledger = ledger.ledger if ledger else None
-        losses, seconds = [], []
+        losses, seconds, opt_seconds = [], [], []
         for step in range(steps):
             x, y = data.local_batch(step, global_batch, rank, world_size)
             last = step == steps - 1
@@ -99,7 +70,9 @@ def measure_side_by_side(rank, world_size, model="tiny", steps=3, global_batch=4
                 start = time.perf_counter()
                 _, loss = net(x, y)
                 loss.backward()
+                before_step = time.perf_counter()
                 opt.step()
+                opt_seconds.append(time.perf_counter() - before_step)
                 if last:
                     mem.mark("after_step")
                 opt.zero_grad()
@@ -112,7 +85,12 @@ def measure_side_by_side(rank, world_size, model="tiny", steps=3, global_batch=4
             "sent": sent.totals(), "calls": list(sent.calls),
             "ledger": (None if ledger is None else
                        {op: t.sent_bytes for op, t in ledger.totals(step=ledger.step).items()}),
-            "seconds": statistics.median(seconds[:-1] or seconds), "losses": losses,
+            # Note: step 0 builds what each library sets up lazily (and AdamW's state), and the
+            # last one is slowed by the measuring: the warm steps are those between.
+            "first_seconds": seconds[0], "losses": losses,
+            "seconds": statistics.median(seconds[1:-1] or seconds[:-1] or seconds),
+            "first_opt_seconds": opt_seconds[0],
+            "opt_seconds": statistics.median(opt_seconds[1:-1] or opt_seconds[:-1] or opt_seconds),
             "params": sum(p.numel() for p in make_model(cfg).parameters())}
         del net, opt
     return out
@@ -129,185 +107,12 @@ def _dtensor_view(net, plain) -> list[dict]:
     return rows
 
 
-# -- the checker of the exercise ---------------------------------------------------------------------
-
-STEPS = 3
-
-
-def check_port_to_fsdp2(fn, world_size: int = 2) -> CheckResult:
-    """Your ``port_to_fsdp2(model, param_dtype=None, lr=1e-3)`` on ``world_size`` ranks: which
-    modules it made units, whether the optimizer holds the sharded parameters, whether the
-    blocks compute in ``param_dtype`` when asked, and whether it trains like fsdp_mini's fsdp
-    (``units=list(model.blocks)``) on the same data, in fp32 and in bf16."""
-    from .checking import unwritten
-    result = CheckResult(f"your port to FSDP2 ({getattr(fn, '__name__', fn)})")
-    if unwritten(fn):
-        return result.wrong("not written yet", hint="replace `...` with your code, run the cell, "
-                            "then this check").finish()
-    runs = run_ranks(result, _port_run, world_size, fn)
-    return result.finish() if runs is None else judge_port(result, runs[0])
-
-
-def judge_port(result: CheckResult, runs: dict) -> CheckResult:
-    """The ✔/✘ lines for one rank's ``{case: run}`` of :func:`port_runs` (fp32, then bf16)."""
-    for case, run in runs.items():
-        if not _judge_port(result, case, run):
-            break
-    result.facts.update(runs)
-    return result.finish()
-
-
-def port_runs(rank, world_size, fns):
-    """Several ports in one launch (the tests): ``[_port_run(fn) for fn in fns]``."""
-    return [_port_run(rank, world_size, fn) for fn in fns]
-
-
-def _judge_port(result: CheckResult, case: str, run: dict) -> bool:
-    asked = "" if case == "fp32" else ", param_dtype=torch.bfloat16"
-    if "error" in run and "containers that do not implement forward" in run["error"]:
-        result.wrong("you called fully_shard on model.blocks, the ModuleList, and torch refused: "
-                     "a ModuleList has no forward of its own, so FSDP2 has no moment to gather "
-                     "it (and it would make all the blocks one unit)", hint="wrap each block: "
-                     "`for block in model.blocks: fully_shard(block)`, then fully_shard(model)")
-        return False
-    if "error" in run:
-        result.wrong(f"port_to_fsdp2(model{asked}) raised {run['error']}")
-        return False
-    if "returned" in run:
-        result.wrong(f"port_to_fsdp2 returned {run['returned']}, not (model, optimizer)",
-                     hint="return model, optimizer")
-        return False
-    units, blocks, n = run["units"], run["blocks"], len(run["blocks"])
-    if run["module_list"]:
-        result.wrong("you called fully_shard on model.blocks, the ModuleList: all the blocks "
-                     f"became one unit ({run['gathers']} all-gathers per step instead of "
-                     f"{run['want_gathers']})", hint="a ModuleList only holds the blocks; wrap "
-                     "each block: `for block in model.blocks: fully_shard(block)`")
-        return False
-    if not run["root"]:
-        result.wrong("the root is not wrapped: fully_shard(model) was not called, so the "
-                     "embeddings, the final norm and the head stay whole on every rank and their "
-                     "gradients are never averaged", hint="after the blocks, call "
-                     "fully_shard(model) once, on the whole model (fsdp_mini's root unit)")
-        return False
-    if not all(blocks):
-        result.wrong(f"{sum(blocks)} of the {n} blocks are units: the rest of the model is one "
-                     f"unit, gathered whole ({_gathers(run['gathers'])} per step instead of "
-                     f"{run['want_gathers']}); each rank then holds every block's full weights "
-                     f"at once, which is what FSDP avoids", hint="call fully_shard on each block "
-                     "first, then on the model (as fsdp_mini's units=list(model.blocks))")
-        return False
-    if run["stale"]:
-        result.wrong(f"the optimizer holds {run['stale']} parameters the model no longer uses: it "
-                     f"was built before fully_shard, which replaces every parameter by a new "
-                     f"DTensor parameter, so optimizer.step() never changes the model",
-                     hint="build the optimizer after the fully_shard calls, from model.parameters()")
-        return False
-    if "train_error" in run:
-        mixed = "same dtype" in run["train_error"] and case != "fp32"
-        result.wrong(f"{case}: training raised {run['train_error']}" + (
-            ": the units do not all compute in the same dtype (a policy on some fully_shard "
-            "calls only: the root casts its inputs to bf16, a unit without the policy keeps fp32 "
-            "weights)" if mixed else ""), hint="give every fully_shard call the same mp_policy"
-            if mixed else "the line above says which; fix it and run the check again")
-        return False
-    result.ok(f"{case}: {units} units ({n} blocks + the root), {run['gathers']} all-gathers per "
-              f"step as fsdp_mini's fsdp; the optimizer holds the {run['params']} sharded "
-              f"(DTensor) parameters")
-    want = "torch.float32" if case == "fp32" else "torch.bfloat16"
-    if run["compute_dtype"] != want:
-        result.wrong(f"{case}: the blocks compute in {run['compute_dtype']}, but {want} was asked"
-                     f"{asked and ' (param_dtype=torch.bfloat16)'}",
-                     hint="pass mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, "
-                     "reduce_dtype=torch.float32) to every fully_shard call when param_dtype is "
-                     "given, and no policy (or the default one) when it is None")
-        return False
-    tol = 1e-4 if case == "fp32" else 2e-2
-    return result.check(run["loss_diff"] <= tol,
-                        f"{case}: trains like fsdp_mini's fsdp on the same data ({STEPS} steps, "
-                        f"largest relative loss difference {run['loss_diff']:.1e}); "
-                        f"blocks compute in {want}",
-                        f"{case}: its losses differ from fsdp_mini's by {run['loss_diff']:.2g} "
-                        f"(relative): {run['losses']} against {run['reference']}",
-                        hint="AdamW(model.parameters(), lr=lr), nothing else changed")
-
-
-def _gathers(n: int) -> str:
-    return f"{n} all-gather" + ("s" if n != 1 else "")
-
-
-def _note_dtype(seen: list, module, args) -> None:
-    seen.append(str(module.weight.dtype))  # the weight a unit computes with, inside forward
-
-
-def _port_run(rank, world_size, fn):
-    from torch.distributed.fsdp import FSDPModule
-
-    from ..models import GPTConfig, SyntheticText, make_model
-    torch.set_num_threads(1)
-    cfg = GPTConfig.tiny()
-    data = SyntheticText(cfg.vocab_size, cfg.block_size)
-    batches = [data.local_batch(s, 4, rank, world_size) for s in range(STEPS)]
-    out = {}
-    for case, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
-        net = make_model(cfg)
-        blocks, module_list = list(net.blocks), net.blocks
-        try:
-            got = fn(net) if dtype is None else fn(net, param_dtype=dtype)
-        except Exception as e:  # noqa: BLE001  (the learner's code: any error is a ✘ line)
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            out[case] = {"error": f"{type(e).__name__}: {first}{where(traceback.format_exc())}"}
-            break
-        if not (isinstance(got, tuple) and len(got) == 2):
-            out[case] = {"returned": type(got).__name__}
-            break
-        model, opt = got
-        run = {"root": isinstance(model, FSDPModule), "module_list": isinstance(module_list,
-               FSDPModule), "blocks": [isinstance(b, FSDPModule) for b in blocks],
-               "want_gathers": 2 * len(blocks) + 1}
-        run["units"] = sum(run["blocks"]) + run["root"] + run["module_list"]
-        live = {id(p) for p in model.parameters()}
-        held = [p for g in opt.param_groups for p in g["params"]]
-        run["stale"], run["params"] = sum(id(p) not in live for p in held), len(held)
-        seen = []
-        linear = next(m for m in blocks[0].modules() if isinstance(m, torch.nn.Linear))
-        hook = linear.register_forward_pre_hook(partial(_note_dtype, seen))
-        losses = []
-        try:
-            for s, (x, y) in enumerate(batches):
-                with (CollectiveBytes(world_size) if s == STEPS - 1 else nullcontext()) as sent:
-                    _, loss = model(x, y)
-                    loss.backward()
-                    opt.step()
-                    opt.zero_grad()
-                losses.append(loss.item())
-        except Exception as e:  # noqa: BLE001  (a port that cannot train: a ✘ line)
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            run["train_error"] = f"{type(e).__name__}: {first}"
-            out[case] = run
-            break
-        finally:
-            hook.remove()
-        run.update(gathers=sent.count("all_gather"), compute_dtype=seen[0], losses=losses)
-        ref_model, ref_opt = build("fsdp_mini fsdp", make_model(cfg), param_dtype=dtype)
-        ref = []
-        for x, y in batches:
-            _, loss = ref_model(x, y)
-            loss.backward()
-            ref_opt.step()
-            ref_opt.zero_grad()
-            ref.append(loss.item())
-        run["reference"] = ref
-        run["loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
-        out[case] = run
-    return out
-
-
 # -- HSDP: bytes inside a shard group and across groups ----------------------------------------
 
 def measure_hsdp(rank, world_size, shard_size, model="tiny", steps=2, global_batch=4):
     """Train the GPT under ``hsdp`` with ``shard_size`` ranks per group; this rank's bytes of the
-    last step by ledger group (``"shard"``, ``"replicate"``), the formulas' total
+    last step by ledger group (``"shard"``, ``"replicate"``) and by group and collective
+    (``by_op``: ``{"replicate all_reduce": ..., ...}``), the formulas' total
     (``expected_costs``), the padded Ψ and the losses."""
     import fsdp_mini
 
@@ -322,7 +127,11 @@ def measure_hsdp(rank, world_size, shard_size, model="tiny", steps=2, global_bat
     run = train(net, opt, lambda s: data.local_batch(s, global_batch, rank, world_size), steps)
     ledger = net.fsdp_mini.comm.ledger
     last = [r for r in ledger.records if r.step == ledger.steps()[-1]]
+    by_op = {}
+    for r in last:
+        by_op[(r.group, r.op)] = by_op.get((r.group, r.op), 0) + r.sent_bytes
     return {"by_group": {g: sum(r.sent_bytes for r in last if r.group == g)
                          for g in ("shard", "replicate")},
+            "by_op": {f"{g} {op}": b for (g, op), b in sorted(by_op.items())},
             "expected": fsdp_mini.expected_costs(net)["sent_bytes_per_step"],
             "padded": net.fsdp_mini.padded_numel(), "losses": run.losses}
