@@ -10,7 +10,9 @@ say in plain words what is right and what is wrong.
     labs.check_ring_all_reduce(ring_all_reduce)  # ✔/✘ lines, on several ranks
 
 Each lab's checkers live in ``lab01.py`` ... ``lab10.py`` (what labs 04–05 share in
-``checking.py``, lab 05's unit scaffolding in ``fsdp_scaffold.py``); the interactive multi-rank
+``checking.py``, lab 05's unit scaffolding in ``fsdp_scaffold.py``, the runs labs 06–10 measure in
+``lab06_runs.py``, ``lab07_runs.py``, ``checkpoint_runs.py``, ``four_jobs.py``, lab 10's checker in
+``port_check.py``); the interactive multi-rank
 mode (ranks that stay alive across cells, ``%%px``) in ``interactive.py``; executed HTML copies of
 the labs in ``render.py`` (``fsdp-mini render-labs``).
 """
