@@ -95,6 +95,12 @@ def test_no_cell_rebinds_the_learners_function(path):
     assert not rebound, f"{path.name} assigns to the learner's own {sorted(rebound)}"
 
 
+def test_a_learners_copy_of_a_lab_is_not_a_lab(tmp_path):
+    for name in ("07_bigger", "07_bigger-Copy1", "demo_dashboard", "10_production"):
+        (tmp_path / f"{name}.ipynb").write_text("{}")
+    assert [p.stem for p in lab_notebooks(tmp_path)] == ["07_bigger", "10_production"]
+
+
 def test_yours_or_reference_keeps_yours_when_it_passes_and_names_the_fallback(capsys):
     def predict_peak(n_params, activation_bytes, optimizer):
         return 0
@@ -105,7 +111,9 @@ def test_yours_or_reference_keeps_yours_when_it_passes_and_names_the_fallback(ca
     reference = labs.yours_or_reference(failed, "01_predict_peak", predict_peak)
     assert reference is not predict_peak and reference.__name__ == "predict_peak"
     assert reference(1, 0, "adam") > 0
-    assert "reference solution of '01_predict_peak'" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "reference solution of '01_predict_peak'" in said
+    assert "run its check cell, this cell and the cells below again" in said
     pair = labs.yours_or_reference(failed, "03_ddp_hooks", _named("average_gradient"),
                                    _named("wrap_ddp"))
     assert [f.__name__ for f in pair] == ["average_gradient", "wrap_ddp"]

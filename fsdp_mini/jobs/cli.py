@@ -68,7 +68,7 @@ def render_command(args) -> int:
     from ..labs.render import render_labs
     try:
         render_labs(args.out, args.labs, ci=args.ci)
-    except ValueError as err:
+    except (ValueError, OSError) as err:  # Note: OSError: a notebook moved away while rendering
         print(f"fsdp-mini render-labs: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -91,7 +91,8 @@ def yours_or_reference(check, name: str, *objects):
         chosen = objects
     else:
         print(f"Yours does not pass its check yet: the rest of the lab runs the reference "
-              f"solution of {name!r} (fix yours, then run the check cell again).")
+              f"solution of {name!r}. Fix yours, then run its check cell, this cell and the "
+              f"cells below again.")
         chosen = tuple(load_solution(name, _name_of(obj)) for obj in objects)
     return chosen[0] if len(chosen) == 1 else chosen
 

@@ -13,15 +13,20 @@ what a finished lab looks like.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
 LABS_DIR = Path(__file__).resolve().parents[2] / "labs"
 
 
+LAB_NAME = re.compile(r"\d\d_[a-z0-9]+")  # 06_fast; not a copy such as 06_fast-Copy1
+
+
 def lab_notebooks(folder: Path = LABS_DIR) -> list[Path]:
-    """The labs: ``NN_name.ipynb`` files, in order (the demo and checkpoints are not labs)."""
-    return sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
+    """The labs: ``NN_name.ipynb`` files, in order (the demo, checkpoints and Jupyter's
+    ``-Copy1`` copies of a lab are not labs)."""
+    return sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb") if LAB_NAME.fullmatch(p.stem))
 
 
 def render(notebook: Path, out_dir: Path, ci: bool = False, timeout: float = 900) -> Path:
