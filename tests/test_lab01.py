@@ -153,6 +153,17 @@ def test_in_ci_a_failed_check_raises_with_the_words(monkeypatch):
         labs.check_peak_predictor(per_param(8, 8, 8))
 
 
+def test_lab_config_names_the_processes_that_will_run(learner, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert labs.lab_config().world_size == 4
+    assert "4 CPU processes with gloo)" in capsys.readouterr().out
+    cfg = labs.lab_config(world_size=2, model="tiny")
+    said = capsys.readouterr().out
+    assert (cfg.world_size, cfg.model) == (2, "tiny")
+    assert "2 ranks" in said and "2 CPU processes with gloo; changed by you: world_size, model" in said
+    assert "4 CPU" not in said
+
+
 # -- lab 00's "your turn" (checked by a check cell in the notebook) ------------------------------
 
 def _lab00_cells():

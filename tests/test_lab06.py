@@ -170,3 +170,20 @@ def test_a_short_sweep_on_two_ranks_records_the_ledgers_bytes():
     assert 1.3 < b_f / b_d <= 1.5                       # the root is not gathered again for backward
     run = per_rank[0]["fsdp", 0.05]
     assert len(run["seconds"]) == 1 and all(r["simulated_seconds"] > 0 for r in run["records"])
+
+
+def test_the_timelines_legend_has_the_colours_of_the_ops_it_draws():
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.colors import to_hex
+    rec = lambda op, start, waited: {"op": op, "start": start, "seconds": 0.004, "waited": waited}  # noqa: E731
+    per_rank = [{"v": {"records": [rec("all_gather", 0.0, 0.0), rec("all_gather", 0.001, 0.002),
+                                   rec("reduce_scatter", 0.005, 0.003)]}}]
+    ax = lab06.timeline(per_rank, ["v"])
+    legend = ax.get_legend()
+    said = {t.get_text(): to_hex(h.get_facecolor()) for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    assert said == {"all_gather: rank waiting": "#4c72b0", "all_gather: rank computing": "#c9d5e7",
+                    "reduce_scatter: rank waiting": "#dd8452",
+                    "reduce_scatter: rank computing": "#f5dacb"}          # no all_reduce: none drawn
+    assert legend.get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1  # outside the bars
+    assert all(p.get_alpha() is None for p in ax.patches)                 # opaque: no blended hues

@@ -54,17 +54,22 @@ def lab_config(**overrides) -> LabConfig:
     if in_ci():
         cfg = LabConfig(2, "gloo", "tiny", 3, 4, True, gpus, "CI=true: small and quick")
     elif gpus >= 2:
-        cfg = LabConfig(gpus, "nccl", "default", 8, 4 * gpus, False, gpus,
-                        f"{gpus} GPUs: one NCCL rank each")
+        cfg = LabConfig(gpus, "nccl", "default", 8, 4 * gpus, False, gpus, f"{gpus} GPUs here")
     else:
-        cfg = LabConfig(4, "gloo", "default", 5, 8, False, gpus,
-                        "no two GPUs here: 4 CPU processes with gloo")
+        cfg = LabConfig(4, "gloo", "default", 5, 8, False, gpus, "no two GPUs here")
     unknown = set(overrides) - set(LabConfig.__dataclass_fields__)
     if unknown:
         raise TypeError(f"lab_config: unknown field(s) {sorted(unknown)}; fields: "
                         f"{', '.join(LabConfig.__dataclass_fields__)}")
     if overrides:
-        cfg = replace(cfg, **overrides, why=cfg.why + "; changed by you: " + ", ".join(overrides))
+        cfg = replace(cfg, **overrides)
+    why = cfg.why
+    if not cfg.ci:  # Note: after the overrides, so it names the ranks that will run
+        why += (f": {cfg.world_size} NCCL ranks, one per GPU" if cfg.backend == "nccl" else
+                f": {cfg.world_size} CPU processes with gloo")
+    if overrides:
+        why += "; changed by you: " + ", ".join(overrides)
+    cfg = replace(cfg, why=why)
     if cfg.global_batch % cfg.world_size:
         raise ValueError(f"global_batch {cfg.global_batch} does not split over {cfg.world_size} "
                          f"ranks: pick a multiple of {cfg.world_size}")
