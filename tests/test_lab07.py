@@ -1,6 +1,7 @@
 """Lab 07's checker: the reference cheapest_fit passes, and each typical mistake is named in
 plain words (ignoring activations, forgetting Adam's state, ddp where it cannot fit, fp32 only,
-no checkpointing, fitting by persistent bytes, the smallest peak taken for the cheapest)."""
+no checkpointing, fitting by persistent bytes, plan's default 80 GB, a budget read in GiB, the
+smallest peak taken for the cheapest)."""
 
 from pathlib import Path
 
@@ -62,6 +63,10 @@ MISTAKES = [
     ([(FITS, f"if s.persistent_bytes <= {MEM} and")],
      "fit by the state kept between steps (persistent_bytes), not by the peak",
      "compare peak_bytes with the memory"),
+    ([("gpu_mem_gb=gpu_mem_gb, ", "")],
+     "your answers fit 80 GB, not the budget: pass gpu_mem_gb to plan", "without it plan()"),
+    ([(FITS, "if s.peak_bytes <= gpu_mem_gb * 2**30 and")],
+     "you compared with GiB (2^30 B); the budget is in GB (10^9 B)", "gpu_mem_gb * 1e9"),
     ([("cost = (s.sent_bytes_per_step, checkpointing, STRATEGIES.index(strategy))",
        "cost = s.peak_bytes")],
      "you picked the configuration with the smallest peak", "compare their sent_bytes_per_step"),
@@ -70,12 +75,13 @@ MISTAKES = [
 
 @pytest.mark.parametrize("edits, named, hint", MISTAKES,
                          ids=["activations", "adam", "ddp-no-fit-check", "fp32-only",
-                              "no-checkpointing", "persistent", "smallest-peak"])
+                              "no-checkpointing", "persistent", "default-80-gb", "gib",
+                              "smallest-peak"])
 def test_each_mistake_is_named_once_with_its_fix(learner, edits, named, hint):
     result = labs.check_cheapest_fit(variant(*edits))
     assert not result.passed
     named_lines = [(msg, h) for ok, msg, h in result.lines
-                   if not ok and msg.startswith(("you ", "your configurations"))]
+                   if not ok and msg.startswith(("you ", "your configurations", "your answers"))]
     assert len(named_lines) == 1 and named in named_lines[0][0], str(result)
     assert hint in named_lines[0][1], str(result)
 
@@ -90,6 +96,36 @@ def test_per_budget_lines_say_what_does_not_fit_and_what_costs_more(learner):
             "sends 59.9 GB per step; zero2, bf16-mixed, with checkpointing fits too") in said
     said = str(labs.check_cheapest_fit(variant(("return best", "return None"))))
     assert "7b on 2 GPUs of 94 GB, micro-batch 1: you found nothing, but zero1" in said
+
+
+def test_a_budget_read_in_gib_is_named_on_its_line(learner):
+    said = str(labs.check_cheapest_fit(variant((FITS, "if s.peak_bytes <= gpu_mem_gb * 2**30 and"))))
+    assert ("1.3b on 2 GPUs of 16 GB, micro-batch 4: zero1, bf16-mixed, with checkpointing does "
+            "not fit: its planned peak is 16.5 GB > 16 GB") in said
+    assert ("it would fit 16 GiB; you compared with GiB (2^30 B); the budget is in GB (10^9 B)"
+            in said), said
+
+
+def test_a_tie_in_bytes_says_the_reference_order(learner):
+    """zero1 and zero2 send the same bytes: the line says which rule breaks the tie."""
+    def answers(strategy, checkpointing):
+        ref = labs.load_solution("07_cheapest_fit", "cheapest_fit")
+
+        def cheapest_fit(model, gpus, gpu_mem_gb, micro_batch=1):
+            if (gpus, gpu_mem_gb) == (2, 94):   # the reference: zero1, bf16-mixed, no ckpt
+                return {"strategy": strategy, "precision": "bf16-mixed",
+                        "checkpointing": checkpointing}
+            return ref(model, gpus, gpu_mem_gb, micro_batch)
+        return wrong_lines(labs.check_cheapest_fit(cheapest_fit))
+    wrong = answers("zero2", False)
+    assert len(wrong) == 1 and wrong[0].startswith(
+        "7b on 2 GPUs of 94 GB, micro-batch 1: zero2, bf16-mixed, no checkpointing fits"), wrong
+    assert ("the same bytes: at equal bytes (and checkpointing), the less sharded strategy comes "
+            "first (ddp, zero1, zero2, fsdp): zero1 before zero2") in wrong[0]
+    assert "recomputing" not in wrong[0]
+    wrong = answers("zero1", True)
+    assert len(wrong) == 1 and ("the same bytes without recomputing: at equal bytes, no "
+                                "checkpointing comes first") in wrong[0], wrong
 
 
 def test_a_mistake_no_known_one_explains_gets_per_budget_lines_only(learner):

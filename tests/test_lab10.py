@@ -74,6 +74,14 @@ def policy_on_root_only(model, param_dtype=None, lr=1e-3):
     return model, torch.optim.AdamW(model.parameters(), lr=lr)
 
 
+def no_reduce_dtype(model, param_dtype=None, lr=1e-3):
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype)   # reduce_dtype left out: bf16
+    for block in model.blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model, torch.optim.AdamW(model.parameters(), lr=lr)
+
+
 MISTAKES = {
     root_not_wrapped: ["the root is not wrapped", "gradients are never averaged"],
     blocks_not_wrapped: ["0 of the 2 blocks are units", "1 all-gather per step instead of 5"],
@@ -81,6 +89,9 @@ MISTAKES = {
                       "built before fully_shard"],
     no_policy: ["✔ fp32", "bf16: the blocks compute in torch.float32, but torch.bfloat16 was asked"],
     module_list: ["fully_shard on model.blocks, the ModuleList", "wrap each block"],
+    no_reduce_dtype: ["✔ fp32", "bf16: the gradients are reduce-scattered in bf16 (27,840 B per "
+                      "step against 55,680 B in fp32)", "no reduce_dtype=torch.float32",
+                      "reduce_dtype=torch.float32)"],
     policy_on_root_only: ["bf16: training raised RuntimeError",
                           "do not all compute in the same dtype",
                           "give every fully_shard call the same mp_policy"],

@@ -85,6 +85,16 @@ MISTAKES = {
         ("compare peak_bytes with the memory: within a step come gathered units, gradient "
          "buffers and the activations"),
     ),
+    "default memory": (
+        "your answers fit 80 GB, not the budget: pass gpu_mem_gb to plan",
+        ("fsdp_mini.plan(..., gpu_mem_gb=gpu_mem_gb): without it plan() assumes GPUs of 80 GB "
+         "and .fits compares with 80 GB"),
+    ),
+    "GiB": (
+        ("you compared with GiB (2^30 B); the budget is in GB (10^9 B): your answers fit "
+         "gpu_mem_gb x 2^30 bytes"),
+        "compare peak_bytes with gpu_mem_gb * 1e9 (or use .fits, which plan() computes in GB)",
+    ),
     "smallest peak": (
         ("you picked the configuration with the smallest peak: here the cheapest is the one "
          "that sends the fewest bytes per step, among those that fit"),
@@ -92,6 +102,10 @@ MISTAKES = {
          "pays); at equal bytes, no checkpointing first, then the less sharded strategy"),
     ),
 }
+
+
+# Note: how a slip about the memory reads the budget (in bytes): the plan() default, or GiB.
+MEMORY_SLIPS = {"default memory": lambda mem: 80e9, "GiB": lambda mem: mem / 1e9 * 2**30}
 
 
 def _plans(budget: Budget) -> dict:
@@ -110,6 +124,8 @@ def _plans(budget: Budget) -> dict:
 
 def _search(plans: dict, mem_bytes: float, mistake: str | None = None):
     """The cheapest fitting configuration, as the reference does, or as ``mistake`` would."""
+    if mistake in MEMORY_SLIPS:
+        mem_bytes, mistake = MEMORY_SLIPS[mistake](mem_bytes), None
     best, best_cost = None, None
     for key, p in plans.items():
         if (key[0] == "params") != (mistake == "activations"):
@@ -172,21 +188,38 @@ def _judge(result: CheckResult, budget: Budget, plans: dict, answer, want) -> No
     s = plans[(answer["precision"], answer["checkpointing"])].strategies[answer["strategy"]]
     if s.peak_bytes > mem:
         cats = ", ".join(f"{c} {b / 1e9:.1f}" for c, b in s.by_category.items() if b)
-        why = (": ddp keeps the whole model state on every GPU" if answer["strategy"] == "ddp"
-               else ": without its activations it would" if
-               s.peak_bytes - s.by_category["activations"] <= mem else "")
+        no_act = s.peak_bytes - s.by_category["activations"]
+        why = ((f": it would fit {budget.gpu_mem_gb:g} GiB; you compared with GiB (2^30 B); the "
+                f"budget is in GB (10^9 B)") if s.peak_bytes <= budget.gpu_mem_gb * 2**30
+               else ": ddp keeps the whole model state on every GPU" if answer["strategy"] == "ddp"
+               else (f": without its activations it would fit ({no_act / 1e9:.1f} GB), but the "
+                     f"activations of one micro-batch are part of the peak") if no_act <= mem
+               else "")
         result.wrong(f"{budget}: {describe(answer)} does not fit: its planned peak is "
                      f"{s.peak_bytes / 1e9:.1f} GB > {budget.gpu_mem_gb:g} GB ({cats} GB)"
                      + why)
         return
-    w = plans[(want["precision"], want["checkpointing"])].strategies[want["strategy"]] \
-        if want else None
+    if want is None:  # Note: the planner says nothing fits, so this answer's peak is over it
+        result.wrong(f"{budget}: {describe(answer)} fits, but the planner says nothing does")
+        return
+    w = plans[(want["precision"], want["checkpointing"])].strategies[want["strategy"]]
     result.wrong(f"{budget}: {describe(answer)} fits, but sends {s.sent_bytes_per_step / 1e9:.1f} "
-                 f"GB per step" + (f"; {describe(want)} fits too and sends "
-                                   f"{w.sent_bytes_per_step / 1e9:.1f} GB"
-                                   + (", the same bytes without recomputing"
-                                      if w.sent_bytes_per_step == s.sent_bytes_per_step else "")
-                                   if w else ""))
+                 f"GB per step; {describe(want)} fits too and sends "
+                 f"{w.sent_bytes_per_step / 1e9:.1f} GB"
+                 + (_tie_break(answer, want) if w.sent_bytes_per_step == s.sent_bytes_per_step
+                    else ""))
+
+
+def _tie_break(answer: dict, want: dict) -> str:
+    """Why ``want`` beats ``answer`` when both send the same bytes: the reference's order."""
+    if answer["checkpointing"] != want["checkpointing"]:
+        return ", the same bytes without recomputing: at equal bytes, no checkpointing comes first"
+    if answer["strategy"] != want["strategy"]:
+        return (f", the same bytes: at equal bytes (and checkpointing), the less sharded strategy "
+                f"comes first ({', '.join(STRATEGIES)}): {want['strategy']} before "
+                f"{answer['strategy']}")
+    return (", the same bytes: at equal bytes, checkpointing and strategy, the first precision "
+            f"tried is kept ({', '.join(PRECISIONS)})")
 
 
 def check_cheapest_fit(fn, budgets=BUDGETS) -> CheckResult:

@@ -79,6 +79,9 @@ def _options_rank(rank, world_size, model_size, global_batch, names, steps) -> d
     def batch(step):
         return tuple(t.to(device) for t in data.local_batch(step, global_batch, rank, world_size))
 
+    # Note: a throwaway run first, so that the first measured variant's steps do not pay the
+    # process's one-time costs (first autograd graph, allocator, thread pools) alone.
+    _one_variant(gpt, device, batch, 1, *VARIANTS["fp32"])
     out = {name: _one_variant(gpt, device, batch, steps, *VARIANTS[name]) for name in names}
     out["meta init"] = _meta_init(gpt, device)
     return out

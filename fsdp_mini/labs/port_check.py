@@ -42,7 +42,7 @@ def check_port_to_fsdp2(fn, world_size: int = 2) -> CheckResult:
 def judge_port(result: CheckResult, runs: dict) -> CheckResult:
     """The ✔/✘ lines for one rank's ``{case: run}`` of :func:`port_runs` (fp32, then bf16)."""
     for case, run in runs.items():
-        if not _judge_port(result, case, run):
+        if not _judge_port(result, case, run, runs.get("fp32", {})):
             break
     result.facts.update(runs)
     return result.finish()
@@ -53,7 +53,7 @@ def port_runs(rank, world_size, fns):
     return [_port_run(rank, world_size, fn) for fn in fns]
 
 
-def _judge_port(result: CheckResult, case: str, run: dict) -> bool:
+def _judge_port(result: CheckResult, case: str, run: dict, fp32: dict) -> bool:
     asked = "" if case == "fp32" else ", param_dtype=torch.bfloat16"
     if "error" in run and "containers that do not implement forward" in run["error"]:
         result.wrong("you called fully_shard on model.blocks, the ModuleList, and torch refused: "
@@ -112,6 +112,14 @@ def _judge_port(result: CheckResult, case: str, run: dict) -> bool:
                      hint="pass mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, "
                      "reduce_dtype=torch.float32) to every fully_shard call when param_dtype is "
                      "given, and no policy (or the default one) when it is None")
+        return False
+    rs, rs32 = run["sent"].get("reduce_scatter", 0), fp32.get("sent", {}).get("reduce_scatter", 0)
+    if case != "fp32" and rs < rs32:   # Note: fp32 gradients reduce-scatter as many bytes as fp32
+        result.wrong(f"{case}: the gradients are reduce-scattered in bf16 ({rs:,.0f} B per step "
+                     f"against {rs32:,.0f} B in fp32): your MixedPrecisionPolicy has no "
+                     f"reduce_dtype=torch.float32, so it reduces in param_dtype, and the sum of "
+                     f"N gradients loses precision", hint="mp_policy=MixedPrecisionPolicy("
+                     "param_dtype=param_dtype, reduce_dtype=torch.float32)")
         return False
     tol = 1e-4 if case == "fp32" else 2e-2
     return result.check(run["loss_diff"] <= tol,
@@ -179,7 +187,8 @@ def _port_run(rank, world_size, fn):
             break
         finally:
             hook.remove()
-        run.update(gathers=sent.count("all_gather"), compute_dtype=seen[0], losses=losses)
+        run.update(gathers=sent.count("all_gather"), compute_dtype=seen[0], losses=losses,
+                   sent=sent.totals())
         ref_model, ref_opt = build("fsdp_mini fsdp", make_model(cfg), param_dtype=dtype)
         ref = []
         for x, y in batches:
