@@ -16,24 +16,11 @@ from ..memory import CATEGORIES
 from ..telemetry.runstate import Runs, RunState, phase_order
 from ..telemetry.units import fmt_bytes, fmt_link, fmt_rate, fmt_seconds, phase_name
 from ..theory import STRATEGIES
-from .style import (  # noqa: F401 (public)
-    CATEGORY_COLORS,
-    CATEGORY_NAMES,
-    COMPUTE_COLOR,
-    OP_COLORS,
-    PHASE_COLORS,
-    RANK_COLORS,
-    BinaryLocator,
-    _ax,
-    _byte_axis,
-    _legend_below,
-    _rank_axis,
-    _theory_lines,
-    as_run,
-    as_runs,
-    rank_color,
-)
-from .timelines import _union, compute_and_comm, memory_timeline, step_timeline  # noqa: F401 (the widgets and tests use them)
+# Note: some names are imported only to be public here (the widgets and tests use them).
+from .style import (CATEGORY_COLORS, CATEGORY_NAMES, COMPUTE_COLOR, OP_COLORS,  # noqa: F401
+                    PHASE_COLORS, RANK_COLORS, BinaryLocator, _ax, _byte_axis, _legend_below,
+                    _rank_axis, _theory_lines, as_run, as_runs, rank_color)
+from .timelines import _union, compute_and_comm, memory_timeline, step_timeline  # noqa: F401
 
 
 def memory_bars(data, ax=None) -> Figure:

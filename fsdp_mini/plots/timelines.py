@@ -7,19 +7,8 @@ from matplotlib.figure import Figure
 from ..memory import CATEGORIES
 from ..telemetry.runstate import RunState
 from ..telemetry.units import fmt_link, fmt_seconds
-from .style import (
-    CATEGORY_COLORS,
-    CATEGORY_NAMES,
-    COMPUTE_COLOR,
-    OP_COLORS,
-    _ax,
-    _byte_axis,
-    _legend_below,
-    _rank_axis,
-    _theory_lines,
-    as_run,
-    rank_color,
-)
+from .style import (CATEGORY_COLORS, CATEGORY_NAMES, COMPUTE_COLOR, OP_COLORS, _ax, _byte_axis,
+                    _legend_below, _rank_axis, _theory_lines, as_run, rank_color)
 
 
 def memory_timeline(data, ax=None, steps: int = 2, rank: int = 0, legend: bool = True) -> Figure:
