@@ -113,13 +113,16 @@ class Zygote:
     def fork_rank(self, launch_dir, rank, log, env):
         """Ask for one rank; return its pid. Note: finishes even on Ctrl-C, then re-raises it,
         so a rank never runs without the caller knowing its pid (and stopping it)."""
-        with self.lock:
+        with self.lock:  # Note: one request at a time on the pipe, each a whole line
             self.next_id += 1
             rid = self.next_id
-        req = {"id": rid, "launch_dir": launch_dir, "rank": rank, "log": log, "cwd": os.getcwd(),
-               "env": env}
-        self.proc.stdin.write((json.dumps(req) + "\n").encode())
-        self.proc.stdin.flush()
+            req = {"id": rid, "launch_dir": launch_dir, "rank": rank, "log": log,
+                   "cwd": os.getcwd(), "env": env}
+            try:
+                self.proc.stdin.write((json.dumps(req) + "\n").encode())
+                self.proc.stdin.flush()
+            except OSError as exc:  # Note: BrokenPipeError: it died since it was last checked
+                raise ZygoteError(f"the zygote is gone: {exc}") from None
         interrupted = None
         while True:
             try:
