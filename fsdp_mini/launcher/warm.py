@@ -182,10 +182,10 @@ class WarmRank:
     def wait(self, timeout=None):
         until = None if timeout is None else time.monotonic() + timeout
         while self.returncode is None:
-            left = None if until is None else until - time.monotonic()
-            if left is not None and left <= 0:
-                raise subprocess.TimeoutExpired(self.args, timeout)
+            left = None if until is None else max(0.0, until - time.monotonic())
             self.returncode = self.zygote.exit_code(self.pid, left)
+            if self.returncode is None and left == 0.0:  # Note: looked once more, like Popen
+                raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
 
     def send_signal(self, sig):
@@ -213,7 +213,8 @@ def _fingerprint():
 
 
 def _key(env):
-    return (_fingerprint(), tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_ENV))))
+    return (_fingerprint(), _torch_file(),
+            tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_ENV))))
 
 
 def _torch_file():

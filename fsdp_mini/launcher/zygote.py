@@ -55,8 +55,10 @@ def _preload():
     threads = sorted(os.listdir("/proc/self/task"))
     if len(threads) != 1:
         raise RuntimeError(f"{len(threads)} threads after the imports; fork needs exactly one")
-    if torch.cuda.is_initialized():  # Note: CUDA state never survives a fork
-        raise RuntimeError("CUDA was initialised by the imports")
+    with open("/proc/self/maps") as f:
+        driver = "libcuda.so" in f.read()  # Note: loaded at the first CUDA call, by anyone
+    if torch.cuda.is_initialized() or driver:  # Note: CUDA state never survives a fork
+        raise RuntimeError("CUDA was touched by the imports")
     return {"torch": torch.__file__, "fsdp_mini": fsdp_mini.__file__, "threads": len(threads)}
 
 
