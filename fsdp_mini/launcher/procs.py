@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from . import warm
+from .warm import start_rank as start_warm
 from .failures import rank_file
 
 POLL_S = 0.05          # how often the caller looks at its ranks
@@ -49,7 +49,7 @@ def start_ranks(procs, launch_dir, world_size, port, extra_env):
     """
     for rank in range(world_size):
         env, log_path = _rank_env(rank, world_size, port, extra_env), rank_file(launch_dir, rank, "log")
-        if warm.start_rank(procs, launch_dir, rank, log_path, env):
+        if start_warm(procs, launch_dir, rank, log_path, env):
             continue
         with open(log_path, "wb") as log:
             # Note: the log is the rank's fd 1 and 2, so C/C++ output (gloo, NCCL) lands there too.
