@@ -23,6 +23,12 @@ def init_group(backend, rank, world_size, local_rank, timeout, store=None):
         torch.cuda.set_device(local_rank)  # Note: before init, so NCCL binds one GPU per rank
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout))
+    if backend == "gloo":
+        # Note: gloo's init returns on a rank once *its* side of the connections is up. A rank
+        # whose fn then returns at once (no collective) and exits can close a connection a peer
+        # is still setting up: "Connection closed by peer" in the peer's init. Seen 2 launches in
+        # 30 of a trivial fn at world size 4 (ranks forked warm). One barrier: all are connected.
+        dist.barrier()
 
 
 def rank_device() -> torch.device:

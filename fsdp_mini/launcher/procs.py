@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+from .warm import start_rank as start_warm
 from .failures import rank_file
 
 POLL_S = 0.05          # how often the caller looks at its ranks
@@ -42,15 +43,21 @@ def _rank_env(rank, world_size, port, extra):
 
 
 def start_ranks(procs, launch_dir, world_size, port, extra_env):
-    """Start the ranks, appending each to procs at once (so an interrupt here still stops them)."""
+    """Start the ranks, appending each to procs at once (so an interrupt here still stops them).
+
+    Note: forked from the warm zygote where possible (warm.py: seconds faster each), else fresh.
+    """
     for rank in range(world_size):
-        with open(rank_file(launch_dir, rank, "log"), "wb") as log:
+        env, log_path = _rank_env(rank, world_size, port, extra_env), rank_file(launch_dir, rank, "log")
+        if start_warm(procs, launch_dir, rank, log_path, env):
+            continue
+        with open(log_path, "wb") as log:
             # Note: the log is the rank's fd 1 and 2, so C/C++ output (gloo, NCCL) lands there too.
             # A new session keeps a terminal Ctrl-C away from the ranks: the caller stops them.
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "fsdp_mini.launcher.rank_entry", launch_dir, str(rank)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(),
-                env=_rank_env(rank, world_size, port, extra_env), start_new_session=True))
+                env=env, start_new_session=True))
 
 
 # ---------------------------------------------------------------- watching

@@ -71,10 +71,11 @@ def _write_error(path, exc):
     _write_atomically(path, write)
 
 
-def main(launch_dir, rank):
+def main(launch_dir, rank, parent_pid=None):
+    """Run rank `rank` of the launch in launch_dir; parent_pid: the zygote's, if it forked us."""
     with open(os.path.join(launch_dir, "config.json")) as f:
         cfg = json.load(f)
-    _die_with_parent(cfg["parent_pid"])
+    _die_with_parent(cfg["parent_pid"] if parent_pid is None else parent_pid)
     faulthandler.enable()  # a segfault in C code still leaves a Python stack in the log
     # Note: the caller stops stuck ranks with SIGTERM; dump every thread's stack first, then die.
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
@@ -122,4 +123,14 @@ def main(launch_dir, rank):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    if sys.argv[1:] == ["--zygote"]:  # the warm starter, which forks ranks that then run main
+        # Note: before any import: the caller may die meanwhile, and a print must not reach the
+        # pipe of replies (fd 1, kept as `replies`; fd 1 itself goes to /dev/null).
+        _die_with_parent(int(os.environ["FSDP_MINI_ZYGOTE_CALLER"]))
+        replies, start_path, null = os.dup(1), list(sys.path), os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+        from fsdp_mini.launcher.zygote import serve
+        serve(main, start_path, replies)
+    else:
+        main(sys.argv[1], int(sys.argv[2]))
