@@ -357,3 +357,20 @@ def test_function_defined_in_a_notebook(tmp_path, monkeypatch):
     out = "".join(o.get("text", "") for o in nb.cells[1].outputs if o.output_type == "stream")
     assert "cell rank 0 sum 3.0" in out and "cell rank 1" not in out
     assert "LaunchError seen" in "".join(o.get("text", "") for o in nb.cells[2].outputs)
+
+
+def _rank_sys_path(rank, world_size):
+    import sys as rank_sys
+    return list(rank_sys.path)
+
+
+@pytest.mark.parametrize("warm", ["1", "0"], ids=["warm", "fresh"])
+def test_ranks_find_the_callers_fsdp_mini_without_its_modules_on_their_path(monkeypatch, warm):
+    """The folder holding the package goes on the ranks' path, never the package itself (its
+    `models`, `memory` or `labs` would shadow a rank's own modules of those names)."""
+    import fsdp_mini
+    monkeypatch.setenv("FSDP_MINI_WARM_START", warm)
+    package = os.path.dirname(os.path.abspath(fsdp_mini.__file__))
+    paths = launch(_rank_sys_path, 2)[0]
+    assert package not in [os.path.abspath(p) for p in paths]
+    assert os.path.dirname(package) in [os.path.abspath(p) for p in paths]

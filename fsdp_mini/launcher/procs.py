@@ -30,8 +30,10 @@ Watch = collections.namedtuple("Watch", "exited why blocked")
 # ---------------------------------------------------------------- starting
 def _rank_env(rank, world_size, port, extra):
     env = dict(os.environ)
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    # Note: the folder that holds the fsdp_mini package (not the package itself, whose modules
+    # would then shadow a rank's own `models` or `memory`), so ranks import the caller's copy.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
