@@ -111,3 +111,10 @@ def test_single_process_strategies_need_no_process_group():
         opt.step()
         opt.zero_grad()
         assert list(fsdp_mini.full_state_dict(model)) == list(tiny().state_dict())
+
+
+def test_rank_lists_in_messages_read_in_rank_order():
+    from fsdp_mini.launcher.failures import _ranks
+    assert _ranks([1, 0]) == "ranks 0, 1"
+    assert _ranks([3, 1, 2], ("was", "were")) == "ranks 1, 2, 3 were"
+    assert _ranks([2], ("was", "were")) == "rank 2 was"

@@ -102,6 +102,7 @@ def _is_timeout(o):
 # ---------------------------------------------------------------- whom to blame, and how to say it
 def _ranks(ranks, verb=None):
     """'rank 1' / 'ranks 1, 2', with the verb agreeing: ('is', 'are'), ('was', 'were')..."""
+    ranks = sorted(ranks)  # Note: in rank order, whatever order they failed in
     text = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
     return text if verb is None else f"{text} {verb[len(ranks) > 1]}"
 
