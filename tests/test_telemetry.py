@@ -53,9 +53,16 @@ def test_every_kind_of_event_arrives(fsdp_run):
             assert sent == pytest.approx(meta["theory"]["sent_bytes_per_step"], rel=1e-12)
 
 
-def test_the_monitor_is_fed_while_the_ranks_run(fsdp_run):
-    _, log = fsdp_run
-    assert log.updates >= 2  # events arrived in several batches, not only at the end
+def test_the_monitor_is_fed_while_the_ranks_run():
+    """Events arrive in several batches while the ranks train, not only at the end.
+
+    Note: a run of its own, long enough (60 steps, about a second) for the monitor's 0.1 s polls
+    to find new events several times: ranks start warm now, and the 4 steps above can be over
+    before a second poll."""
+    log = EventLog()
+    launch(train_gpt, 2, "fsdp", 60, "tiny", 4, monitor=log)
+    assert log.updates >= 2
+    assert sum(e["type"] == "step" for e in log.events) == 2 * 60
 
 
 def test_recorder_files_can_be_loaded_afterwards(tmp_path, monkeypatch):
