@@ -80,11 +80,18 @@ def test_an_unknown_answer_gets_the_formula_as_hint():
     assert "you say 1 GB/s, the α-β model 0.4145 GB/s" in text and "solve T_f(b)" in text
 
 
+def _extra_bytes_and_time_left(psi, n, units, c, alpha_us, m):
+    """The crossover's numerator (FSDP's bytes beyond (1+m)x DDP's) and denominator (the time
+    the margin leaves once compute and latency are paid), with neither edge handled."""
+    a, ring = alpha_us * 1e-6, (n - 1) / n
+    num = 3 * ring * 4 * psi - (1 + m) * 2 * ring * 4 * psi
+    den = (1 + m) * (c + 2 * (n - 1) * a) - c - 3 * units * (n - 1) * a
+    return num, den
+
+
 def test_a_negative_answer_at_margin_zero_is_told_to_return_inf():
-    def no_inf(psi, n, units, c, alpha_us, m):
-        a, ring = alpha_us * 1e-6, (n - 1) / n
-        num = 3 * ring * 4 * psi - (1 + m) * 2 * ring * 4 * psi
-        den = (1 + m) * (c + 2 * (n - 1) * a) - c - 3 * units * (n - 1) * a
+    def no_inf(*args):
+        num, den = _extra_bytes_and_time_left(*args)
         return num / den / 1e9
 
     text = complaint(no_inf)
@@ -93,10 +100,8 @@ def test_a_negative_answer_at_margin_zero_is_told_to_return_inf():
 
 
 def test_a_negative_answer_at_a_margin_above_one_half_is_told_to_return_zero():
-    def no_zero(psi, n, units, c, alpha_us, m):
-        a, ring = alpha_us * 1e-6, (n - 1) / n
-        num = 3 * ring * 4 * psi - (1 + m) * 2 * ring * 4 * psi
-        den = (1 + m) * (c + 2 * (n - 1) * a) - c - 3 * units * (n - 1) * a
+    def no_zero(*args):
+        num, den = _extra_bytes_and_time_left(*args)
         return math.inf if den <= 0 else num / den / 1e9   # Note: the extra bytes' edge missed
 
     text = complaint(no_zero)
