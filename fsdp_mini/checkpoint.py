@@ -18,7 +18,8 @@ does not shard are written by rank 0 alone. ``sharded=False``: rank 0 assembles 
 ``{"model": state_dict, "optimizer": {"state": {name: {...}}, "param_groups": [...]}}`` under
 the original names, which plain torch reads (``load_state_dict(full["model"])``, and torch's
 ``set_model_state_dict`` / ``set_optimizer_state_dict`` with ``full_state_dict=True``).
-Writes are atomic: see :mod:`fsdp_mini.checkpoint_files`.
+Writes are atomic and never touch what the kit did not write: see
+:mod:`fsdp_mini.checkpoint_save`.
 
 Note: the pieces travel through the checkpoint folder, not through collectives (even for
 ``sharded=False``): one code path, and loading needs no collective at all. The folder must be
@@ -33,12 +34,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint_files import (
-    CheckpointError,
-    CheckpointWriter,
-    read_file,
-    read_metadata,
-)
+from .checkpoint_files import CheckpointError, read_file, read_metadata
+from .checkpoint_save import CheckpointWriter
 from .checkpoint_whole import Whole, from_full, from_records, per_element
 from .comm import Comm
 from .strategy import Single
@@ -51,28 +48,26 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None, p
 
     Every rank must call it. ``step`` is stored in the metadata (default: the optimizer's
     ``step`` state where it keeps one, as Adam does; else None). Works for plain modules too
-    (as the "single" strategy)."""
+    (as the "single" strategy). ``path`` must be absent, empty, or a checkpoint of the kit: a
+    folder holding other files, a file, a link or the working folder is refused with a
+    :class:`CheckpointError` before anything is written, as is a second save to the same folder
+    while one runs (:mod:`fsdp_mini.checkpoint_save`)."""
     engine = _engine(model)
     # Note: over the whole world (hsdp's own comm is a group), and on a ledger of its own, so
-    # the checkpoint's broadcast and barriers do not open a training step in the model's.
+    # the checkpoint's collectives do not open a training step in the model's.
     comm = Comm(name="checkpoint")
-    writer = CheckpointWriter(path, comm)
-    writer.write(f"rank{comm.rank}.pt", _rank_record(engine, optimizer, comm.rank))
     files = [f"rank{r}.pt" for r in range(comm.world_size)]
-    if not sharded:
-        comm.barrier(label="checkpoint")
-        if comm.rank == 0:
-            records = {f: torch.load(writer.tmp / f, weights_only=True) for f in files}
-            writer.write("full.pt", from_records(records).full_dict())
-            for f in files:
-                writer.remove(f)
-        files = ["full.pt"]
-    writer.commit(files, {
-        "kind": "sharded" if sharded else "full", "world_size": comm.world_size,
-        "strategy": engine.strategy, "sharded": list(engine.sharded),
-        "units": [getattr(u, "name", str(u)) for u in getattr(engine, "units", ())],
-        "layout": {r.names[0]: list(r.shape) for _, r in engine.param_pieces()},
-        "optimizer": _optimizer_class(optimizer), "step": _step(optimizer, step)})
+    with CheckpointWriter(path, comm) as writer:  # rank 0 has checked and locked the folder
+        writer.write(f"rank{comm.rank}.pt", lambda: _rank_record(engine, optimizer, comm.rank))
+        if not sharded:
+            writer.on_rank0(lambda: _assemble_full(writer, files))
+            files = ["full.pt"]
+        writer.commit(files, {
+            "kind": "sharded" if sharded else "full", "world_size": comm.world_size,
+            "strategy": engine.strategy, "sharded": list(engine.sharded),
+            "units": [getattr(u, "name", str(u)) for u in getattr(engine, "units", ())],
+            "layout": {r.names[0]: list(r.shape) for _, r in engine.param_pieces()},
+            "optimizer": _optimizer_class(optimizer), "step": _step(optimizer, step)})
 
 
 def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None, path) -> dict:
@@ -124,6 +119,15 @@ def _rank_record(engine, optimizer, rank: int) -> dict:
                       param_groups=[{k: v for k, v in g.items() if k != "params"}
                                     for g in (optimizer.param_groups if optimizer else [])])
     return record
+
+
+def _assemble_full(writer, files: list[str]) -> None:
+    """Rank 0: the ranks' files put together into ``full.pt``, which replaces them."""
+    records = {f: torch.load(writer.tmp / f, weights_only=True) for f in files}
+    full = from_records(records).full_dict()
+    writer.write_here("full.pt", full)
+    for f in files:
+        (writer.tmp / f).unlink()
 
 
 def _where(r) -> dict:

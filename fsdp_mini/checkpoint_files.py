@@ -6,92 +6,30 @@ A checkpoint is a folder (see :mod:`fsdp_mini.checkpoint` for what the files hol
     ckpt/rank0.pt ...      sharded: what each rank holds
     ckpt/full.pt           full: the whole model and optimizer, under the original names
 
-Saving, every rank (``CheckpointWriter``)::
-
-    1. agree on a fresh id (rank 0 draws it, a broadcast)      ckpt.tmp-<id>/
-    2. each rank writes its file as rankR.pt.part, then renames it to rankR.pt
-    3. barrier: every file is complete
-    4. rank 0 checks the files, writes metadata.json, and commits: an older ckpt/ is renamed to
-       ckpt.old-<id>/, ckpt.tmp-<id>/ to ckpt/, and the old one is removed
-    5. barrier: nobody returns before the checkpoint exists
-
-A rank that dies before step 4 leaves ``ckpt/`` as it was (the next save removes the leftover
-``ckpt.tmp-*``); renames within one folder are atomic, so a reader sees the old checkpoint or the
-new one, never half of one. Only between the two renames of step 4 is ``ckpt/`` absent for an
-instant (then ``ckpt.old-<id>/`` still holds the old one, and :func:`read_metadata` says so).
-Files are read with ``torch.load(..., weights_only=True)``: tensors and plain containers only.
+Saving writes the folder atomically, one save at a time, and never replaces a folder or file
+the kit did not write (:mod:`fsdp_mini.checkpoint_save`). Reading checks every file against the
+metadata's size and sha256. Files are read with ``torch.load(..., weights_only=True)``:
+tensors and plain containers only.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 
 import torch
 
-from .comm import Comm
 
 FORMAT = "fsdp_mini.checkpoint/1"
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded: missing, truncated, corrupt or for another model."""
+    """A checkpoint that cannot be loaded (missing, truncated, corrupt, for another model) or
+    saved where asked (a folder holding other files, a save already running there...)."""
 
 
-class CheckpointWriter:
-    """One save: the temporary folder every rank writes into, and the commit (see above)."""
-
-    def __init__(self, path, comm: Comm):
-        self.path, self.comm = Path(path), comm
-        draw = torch.randint(0, 2**62, (1,), dtype=torch.int64) if comm.rank == 0 else \
-            torch.zeros(1, dtype=torch.int64)
-        comm.broadcast(draw, label="checkpoint")  # Note: one folder name on every rank
-        self.id = f"{int(draw):x}"
-        self.tmp = self.path.with_name(f"{self.path.name}.tmp-{self.id}")
-        self.tmp.mkdir(parents=True, exist_ok=True)
-
-    def write(self, name: str, obj) -> None:
-        """``obj`` into the temporary folder, complete or not at all."""
-        part = self.tmp / f"{name}.part"
-        with open(part, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())  # Note: on disk before the rename makes it count
-        os.replace(part, self.tmp / name)
-
-    def remove(self, name: str) -> None:
-        (self.tmp / name).unlink()
-
-    def commit(self, files: list[str], meta: dict) -> None:
-        """Rank 0 seals the folder and puts it in place; every rank waits for that."""
-        self.comm.barrier(label="checkpoint")
-        if self.comm.rank == 0:
-            missing = [f for f in files if not (self.tmp / f).is_file()]
-            if missing:
-                raise CheckpointError(f"saving {self.path}: {missing} were not written; "
-                                      f"nothing was committed")
-            meta = {"format": FORMAT, **meta, "files": {f: _fingerprint(self.tmp / f)
-                                                        for f in files}}
-            part = self.tmp / "metadata.json.part"
-            part.write_text(json.dumps(meta, indent=1))
-            os.replace(part, self.tmp / "metadata.json")
-            self._swap()
-        self.comm.barrier(label="checkpoint")
-
-    def _swap(self) -> None:
-        old = self.path.with_name(f"{self.path.name}.old-{self.id}")
-        if self.path.exists():
-            os.replace(self.path, old)
-        os.replace(self.tmp, self.path)
-        for kind in ("old", "tmp"):  # this old one, and folders of interrupted saves
-            for leftover in self.path.parent.glob(f"{self.path.name}.{kind}-*"):
-                shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _fingerprint(file: Path) -> dict:
+def fingerprint(file: Path) -> dict:
     return {"bytes": file.stat().st_size, "sha256": _sha256(file)}
 
 
@@ -122,7 +60,28 @@ def read_metadata(path) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else meta
         raise CheckpointError(f"{file}: unknown format {found!r}, expected {FORMAT!r}")
+    problem = _metadata_problem(meta)
+    if problem:
+        raise CheckpointError(f"{file} is damaged: {problem}; it was not written by "
+                              f"save_checkpoint as it is (restore it from a copy, or save again)")
     return meta
+
+
+def _metadata_problem(meta: dict) -> str:
+    """What is wrong with the fields loading relies on ('' when nothing)."""
+    if meta.get("kind") not in ("sharded", "full"):
+        return f"'kind' is {meta.get('kind')!r}, not 'sharded' or 'full'"
+    ws = meta.get("world_size")
+    if isinstance(ws, bool) or not isinstance(ws, int) or ws < 1:
+        return f"'world_size' is {ws!r}, not a number of ranks"
+    files = meta.get("files")
+    if not isinstance(files, dict) or not files:
+        return "'files' (each file's name, bytes and sha256) is missing or empty"
+    for name, entry in files.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
+                and isinstance(entry.get("sha256"), str)):
+            return f"the entry of {name!r} in 'files' has no 'bytes' and 'sha256'"
+    return ""
 
 
 def read_file(path, name: str, meta: dict):

@@ -15,9 +15,10 @@ the whole model at once. Example::
 
 Determinism: every rank initialises every unit *whole*, in a fixed order (the units in the order
 given, then the root's own parameters), starting from rank 0's CPU random state (broadcast), so
-the model does not depend on the world size. While the root is initialised, the units'
-parameters and buffers are meta placeholders again: an init that walks the whole model (like
-``GPT.reset_parameters``) touches only the root's own tensors. Note: this is not always the
+the model does not depend on the world size. The init draws from a copy of that state: every
+rank's own random state is as it was before ``parallelize`` (the kit never moves it). While the
+root is initialised, the units' parameters and buffers are meta placeholders again: an init
+that walks the whole model (like ``GPT.reset_parameters``) touches only the root's own tensors. Note: this is not always the
 model ``Model()`` builds with the same seed: a plain build draws random numbers in construction
 order (the root's embeddings first), and a model-level init that rewrites the blocks runs when
 they are already sharded. Models whose init is each module's ``reset_parameters`` in module order,
@@ -25,6 +26,8 @@ with no parameters of their own in the root (a stack of layers), do come out equ
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -51,19 +54,33 @@ class MetaInit:
         self.param_init_fn = param_init_fn
         self.device = torch.device("cpu" if device is None else device)
         self._stand_ins = None  # meta stand-ins for the units' tensors, shown to the root's init
+        self._rng = None  # the random state the next unit's init starts from (sync_rng)
 
     def sync_rng(self, comm: Comm) -> None:
-        """Give every rank rank 0's random state (the CPU's, and ``device``'s if it is a GPU),
-        so all ranks draw the same init."""
-        cuda = self.device.type == "cuda"
-        states = [torch.get_rng_state()] + ([torch.cuda.get_rng_state(self.device)] if cuda else [])
+        """Take rank 0's random state (the CPU's, and ``device``'s if it is a GPU) as the state
+        every rank initialises from, so all ranks draw the same init. The ranks' own generators
+        are left as they are: the init draws from a copy (see ``_drawing``)."""
+        states = [torch.get_rng_state()] + ([torch.cuda.get_rng_state(self.device)]
+                                            if self.device.type == "cuda" else [])
         for state in states:
             sent = state.to(comm.device)  # Note: NCCL broadcasts GPU tensors only
             comm.broadcast(sent, label=Tag("sync", "rng_state"))
             state.copy_(sent)
-        torch.set_rng_state(states[0])
-        if cuda:
-            torch.cuda.set_rng_state(states[1], self.device)
+        self._rng = states
+
+    @contextmanager
+    def _drawing(self):
+        """Run the init on the shared stream: it goes on where the last unit's init stopped,
+        and the caller's random state is restored afterwards (the kit draws none of it)."""
+        cuda = self.device.type == "cuda"
+        with torch.random.fork_rng(devices=[self.device] if cuda else []):
+            if self._rng is not None:
+                torch.set_rng_state(self._rng[0])
+                if cuda:
+                    torch.cuda.set_rng_state(self._rng[1], self.device)
+            yield
+            self._rng = [torch.get_rng_state()] + ([torch.cuda.get_rng_state(self.device)]
+                                                   if cuda else [])
 
     def materialize(self, module: nn.Module) -> dict[int, nn.Parameter]:
         """Allocate, initialise and return the meta parameters of ``module``'s unit."""
@@ -73,7 +90,7 @@ class MetaInit:
                                for name, t in getattr(m, kind).items() if t is not None]
         modules = self._modules_of(module)
         new, names = {}, {}
-        with torch.no_grad():
+        with torch.no_grad(), self._drawing():
             for m in modules:
                 _allocate(m, self.device, new, names)
             if module is self.root and self.units:

@@ -4,13 +4,13 @@ A launch writes `config.json` and `payload.pkl` there; rank r writes `rank{r}.lo
 `rank{r}.result` or `rank{r}.error`. Without `log_dir` the folder is temporary: removed after a
 success, kept after a failure (the error names it), removed if no rank was ever started.
 """
-import fcntl
 import json
 import os
 import re
 import shutil
 import tempfile
 
+from ..file_lock import LockHeld, release_lock, take_lock
 from .failures import rank_file
 
 LOCK_NAME = ".launch.lock"
@@ -67,46 +67,21 @@ def _remove_earlier_files(log_dir):
 
 
 def _lock(folder):
-    """Lock folder for this launch; return the lock file's descriptor, or raise ValueError.
-
-    Note: the lock is an flock on `.launch.lock`, which holds the owner's pid for the message. The
-    kernel drops an flock when its owner dies, so a lock file left by a killed launch (a stale
-    lock) is simply taken over; and an flock taken through another open() conflicts also within
-    one process, so two threads (or two cells of one kernel) are kept apart too.
-    """
-    path = os.path.join(folder, LOCK_NAME)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            same = (" (this very process: another thread or notebook cell)"
-                    if owner == str(os.getpid()) else "")
-            raise ValueError(f"log_dir {folder} is in use by another launch (pid {owner}){same} that "
-                             "is still running; its ranks write their logs there. Wait for it to "
-                             "end, or use another log_dir.") from None
-        if _same_file(fd, path):
-            break
-        os.close(fd)  # Note: unlinked by a launch that just ended; lock the new file instead
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
-
-
-def _same_file(fd, path):
+    """Lock folder for this launch (:mod:`fsdp_mini.file_lock`); return the lock's descriptor,
+    or raise ValueError naming the launch that holds it."""
     try:
-        return os.path.samestat(os.fstat(fd), os.stat(path))
-    except FileNotFoundError:
-        return False
+        return take_lock(os.path.join(folder, LOCK_NAME), "launch")
+    except LockHeld as held:
+        if held.foreign:
+            raise ValueError(f"log_dir {folder} holds a file {LOCK_NAME} that is not a lock of "
+                             "fsdp_mini; remove it, or use another log_dir") from None
+        same = (" (this very process: another thread or notebook cell)"
+                if held.same_process else "")
+        raise ValueError(f"log_dir {folder} is in use by another launch (pid "
+                         f"{held.owner.get('pid', 'unknown')}){same} that is still running; its "
+                         "ranks write their logs there. Wait for it to end, or use another "
+                         "log_dir.") from None
 
 
 def _unlock(folder, fd):
-    # Note: unlink before close, so the next launch creates a fresh lock file; one that opened
-    # this file just before the unlink sees it is gone (_same_file) and retries.
-    try:
-        os.remove(os.path.join(folder, LOCK_NAME))
-    except FileNotFoundError:
-        pass
-    os.close(fd)
+    release_lock(os.path.join(folder, LOCK_NAME), fd)
