@@ -19,7 +19,10 @@ The usual mistake is ``torch.nn.utils.clip_grad_norm_(model.parameters(), max_no
 rank's shards; either way the norm torch computes is one rank's, so every rank clips by a
 different factor (or not at all). Those strategies remember the version counters of the
 gradients they hand over (:class:`GradWatch`) and check them at the step: a change raises
-:class:`GradientsChangedError` instead of giving a wrong number.
+:class:`GradientsChangedError` instead of giving a wrong number. Under zero2 the whole gradient
+is on no rank at all (reduce-scattered during backward): ``p.grad`` is a
+:class:`GradientElsewhere`, a stand-in with the gradient's shape and no values, and torch's clip
+raises the same error the moment it reads it (it would otherwise find nothing and clip nothing).
 """
 
 from __future__ import annotations
@@ -72,7 +75,8 @@ def clip_grad_norm_(model: torch.nn.Module, max_norm: float, norm_type: float = 
 # -- the mistake the kit can see: torch's clip on gradients that are one rank's -------------------
 
 class GradientsChangedError(RuntimeError):
-    """Gradients were modified in place after backward where the kit cannot make that right."""
+    """Gradients were changed (or read) after backward where the kit cannot make that right:
+    usually torch's ``clip_grad_norm_`` on gradients that are one rank's or not here at all."""
 
 
 class GradWatch:
@@ -93,3 +97,46 @@ class GradWatch:
                 f"is this rank's alone and each rank would clip differently. Use "
                 f"fsdp_mini.clip_grad_norm_(model, max_norm), which computes the norm over every "
                 f"rank. To scale gradients, scale the loss before backward() instead.")
+
+
+class GradientElsewhere(torch.Tensor):
+    """``p.grad`` of a parameter whose gradient was reduce-scattered away (zero2): the shape,
+    dtype and device of the gradient, no values. Any use of it (a norm, a sum, ``print``ing its
+    values) raises :class:`GradientsChangedError` saying where the gradient is and what to call.
+    A parameter that got no gradient keeps ``grad is None``, as in plain torch.
+
+    Note: a tensor subclass without storage (``_make_wrapper_subclass``); every aten op reaches
+    ``__torch_dispatch__``. ``zero_`` is let through as a no-op so that
+    ``zero_grad(set_to_none=False)`` works; the strategy then drops the stand-ins.
+    """
+
+    @staticmethod
+    def __new__(cls, param: torch.Tensor, name: str, strategy: str):
+        made = torch.Tensor._make_wrapper_subclass(cls, param.shape, dtype=param.dtype,
+                                                   device=param.device, requires_grad=False)
+        made.param_name, made.strategy = name, strategy
+        return made
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.zero_.default:
+            return args[0]
+        me = next(a for a in args if isinstance(a, GradientElsewhere))
+        raise GradientsChangedError(
+            f"{me.strategy}: the gradient of {me.param_name!r} is not on this rank ({func} read "
+            f"it): it was reduce-scattered during backward, and each rank keeps only the averaged "
+            f"shard it owns, in the optimizer's pieces. torch.nn.utils.clip_grad_norm_(model."
+            f"parameters(), ...) cannot compute the norm from model.parameters() (it would find no "
+            f"gradient and clip nothing). Use fsdp_mini.clip_grad_norm_(model, max_norm), which "
+            f"computes the norm over every rank; this rank's gradient shards are the .grad of "
+            f"the optimizer's parameters.")
+
+    def __repr__(self, *args, **kwargs) -> str:
+        return (f"GradientElsewhere({self.param_name!r}, shape={tuple(self.shape)}: reduce-"
+                f"scattered by {self.strategy}; each rank holds its shard in the optimizer's "
+                f"pieces)")
+
+    def __deepcopy__(self, memo):
+        return GradientElsewhere(self, self.param_name, self.strategy)

@@ -108,17 +108,22 @@ class Unit:
     # -- forward --------------------------------------------------------------------------------
 
     def pre_forward(self, module, args) -> tuple | None:
+        if self.fsdp.in_backward and self.backwards_to_come:
+            return self.pre_recompute(args)
         self._enter(TrainingState.FORWARD, TrainingState.IDLE,
                     TrainingState.WAITING_FOR_BACKWARD)
         for group in self.groups:
             group.unshard("forward")
-        self.fsdp.prefetch_after(self, "forward")  # the next unit's gather overlaps with this one
+        if not self.fsdp.in_backward:  # Note: a recomputation's next unit is done with backward
+            self.fsdp.prefetch_after(self, "forward")  # its gather overlaps with this unit
         for group in self.groups:
             group.use_in_forward(self)
         self.fsdp.mark(self.name, "gathered")
         return self.fsdp.precision.cast_inputs(args)  # Note: bf16 weights need bf16 inputs
 
     def post_forward(self, module, args, output) -> None:
+        if self.state is not TrainingState.FORWARD:
+            return  # a recomputation ends (pre_recompute): its backward goes on, nothing to free
         grad = torch.is_grad_enabled()
         outputs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
         for t in outputs if grad else ():
@@ -126,7 +131,10 @@ class Unit:
         waiting = grad and bool(outputs)
         self._enter(TrainingState.WAITING_FOR_BACKWARD if waiting else TrainingState.IDLE,
                     TrainingState.FORWARD)
-        if not waiting or (self.reshard_after_forward and self is not self.fsdp.root):
+        # Note: a forward inside backward is a recomputation whose backward comes next (reentrant
+        # checkpointing): freeing the unit now would only gather it again at once.
+        if not waiting or (self.reshard_after_forward and self is not self.fsdp.root
+                           and not self.fsdp.in_backward):
             self.reshard()
         if self is self.fsdp.root:
             self.fsdp.forward_finished()
@@ -141,9 +149,26 @@ class Unit:
         self.fsdp.backward_started()
         for group in self.groups:
             group.unshard("backward")
-            if self.fsdp.activation_checkpointing:
-                group.point_modules_at(group.forward_views)  # the recomputation reads them
+            group.point_modules_at(group.forward_views)  # a recomputation reads them (below)
         self.fsdp.prefetch_after(self, "backward")
+
+    def pre_recompute(self, args) -> tuple | None:
+        """Activation checkpointing from outside the kit (``torch.utils.checkpoint`` around the
+        unit's call) runs the unit's forward again inside backward, hooks included, to recompute
+        what the first forward did not keep. The unit stays in its backward: it is gathered (if
+        its backward has not gathered it yet), and the forward reads the same views of the
+        gathered buffer that the first forward used, so the recomputed tensors are those
+        autograd expects and the gradients still flow to the first forward's flat gradient.
+
+        (Checkpointing that wraps only ``forward``, as the kit's own and Hugging Face's do,
+        calls no hook: the recomputation then reads the views ``pre_backward`` pointed at.)
+        Note: the state is left as it is, and ``post_forward`` knows the recomputation by that;
+        it may not even be called, as torch stops a recomputation once it has what it needs.
+        """
+        for group in self.groups:
+            group.unshard("backward")  # Note: nothing to do once its backward gathered it
+            group.point_modules_at(group.forward_views)
+        return self.fsdp.precision.cast_inputs(args)
 
     def backward_done(self) -> None:
         """The unit's backward is over: free it, and finish the previous unit's reduce-scatter
@@ -240,6 +265,11 @@ class FSDP(WholeView, Strategy):
                     unit.reshard()
 
     # -- backward -------------------------------------------------------------------------------
+
+    @property
+    def in_backward(self) -> bool:
+        """A backward has reached a unit and not finished (``_backward_end`` is queued)."""
+        return self._backward_queued
 
     def backward_started(self) -> None:
         if not self._backward_queued:

@@ -19,6 +19,7 @@ Memory per rank (fp32, Adam):
     zero2  params 4Ψ + grad shard 4Ψ/N + Adam 8Ψ/N  each bucket is reduce-scattered during
                                                      backward, as soon as its gradients are
                                                      ready, and its full gradients are freed
+                                                     (``p.grad`` becomes a GradientElsewhere)
 
 Under ``fsdp_mini.no_sync``, zero1 changes nothing (it sends nothing during backward); zero2
 launches no bucket and keeps the full ``p.grad`` (4Ψ while accumulating), which the next backward
@@ -41,7 +42,7 @@ from .accumulate import check_synced
 from .buckets import BucketScheduler, TrainableCheck, grad_ready_order, split_into_buckets
 from .comm import Comm, Reduction, broadcast_module_states
 from .flat import FlatLayout, ParamSlot, ShardPieces, param_slots
-from .clip import GradWatch
+from .clip import GradientElsewhere, GradWatch
 from .memory import allocating
 from .precision import MixedPrecision, cast, cast_grad
 from .strategy import PieceRange, Strategy
@@ -123,6 +124,9 @@ class Zero(Strategy):
             self.watch.remember(b.flat_grad for b in self.buckets)
         module.register_forward_pre_hook(
             TrainableCheck(module, self._known, self.strategy))
+        if shard_grads:  # the stand-ins go before the next backward accumulates into p.grad
+            self._names = {id(s.param): s.names[0] for s in param_slots(module)}
+            module.register_forward_pre_hook(lambda *_: self._drop_stand_ins())
         module.register_forward_hook(lambda *_: self.mark(self.strategy, "forward_done"))
 
     def optimizer_params(self) -> list[nn.Parameter]:
@@ -150,8 +154,9 @@ class Zero(Strategy):
         with torch.no_grad(), allocating("comm_buffers"):
             full, absent = bucket.layout.flatten_grads([p.grad for p in bucket.params], like)
         self._launch(i, full, absent)
-        for p in bucket.params:  # the full gradients are no longer needed
-            p.grad = None
+        for p in bucket.params:  # the full gradients are no longer needed: freed
+            if p.grad is not None:  # Note: a stand-in that says so (for torch's clip, above all)
+                p.grad = GradientElsewhere(p, self._names[id(p)], self.strategy)
         self.mark(f"bucket{i}", "launched")
 
     def _collect_shard_grads(self) -> None:
@@ -210,10 +215,17 @@ class Zero(Strategy):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """``model.zero_grad()`` and ``optimizer.zero_grad()`` both clear the pieces too."""
         self._owed = False
+        self._drop_stand_ins()
         for b in self.buckets:
             b.pieces.zero_grad(set_to_none)
         if not self.shard_grads:
             self.watch.remember(b.flat_grad for b in self.buckets)
+
+    def _drop_stand_ins(self) -> None:
+        for b in self.buckets if self.shard_grads else ():
+            for p in b.params:
+                if isinstance(p.grad, GradientElsewhere):
+                    p.grad = None
 
     def grads_for_norm(self) -> tuple[list[torch.Tensor], bool]:
         """The averaged gradients this rank owns (disjoint across ranks): its pieces'."""
@@ -223,8 +235,9 @@ class Zero(Strategy):
 
     def memory_categories(self) -> dict[str, list[torch.Tensor]]:
         params = [p for p in self.module.parameters()]
+        whole = [p.grad for p in params if not isinstance(p.grad, GradientElsewhere)]
         return {"params": [b.flat for b in self.buckets] + params,
-                "grads": [p.grad for p in params] + [g for b in self.buckets
+                "grads": whole + [g for b in self.buckets
                                                      for g in b.pieces.grads()]
                 + [b.flat_grad for b in self.buckets],
                 "comm_buffers": [work.sent for work in self._in_flight

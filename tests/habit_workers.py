@@ -157,12 +157,13 @@ def clipping(rank, world_size, strategy, norm_type=2.0, max_norm=0.05, steps=3):
 
 
 def torch_clip_on_sharded_grads(rank, world_size, strategy):
-    """The habit that is wrong under zero1/fsdp: the next step must raise, not compute."""
+    """The habit that is wrong under zero1, zero2 and fsdp: the clip (zero2) or the next step
+    (zero1, fsdp) must raise, not compute."""
     model, opt = _wrap(strategy, rank, world_size)
     x, y = batch(0, rank, world_size)
     model(x, y, 1).backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
     try:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
         opt.step()
     except RuntimeError as e:
         return f"{type(e).__name__}: {e}"

@@ -6,7 +6,9 @@ with the same loop on a plain model in one process (or with torch's DDP where to
 behaviour). Every check here failed before the fault-probe fixes.
 """
 
+import copy
 import math
+import re
 
 import pytest
 import torch
@@ -41,9 +43,7 @@ def test_unused_parameters_keep_no_gradient_and_do_not_move(runs, plain, strateg
     assert_states_equal(res["state"], plain["unused"]["state"], TOL, f"{strategy} ws{ws}")
     initial = hw.Habits().state_dict()
     assert torch.equal(res["state"]["block.never"], initial["block.never"])  # weight decay too
-    if strategy == "zero2":
-        return  # zero2 frees the module's gradients once reduce-scattered
-    for step in range(len(res["grads_none"])):
+    for step in range(len(res["grads_none"])):  # zero2: a GradientElsewhere stands for a used one
         # Note: under fsdp a rank whose shard holds no part of a parameter has an empty piece;
         # it gets an empty gradient when that rank used the parameter, so "is None" still says
         # "no gradient" on every rank.
@@ -104,11 +104,13 @@ def test_clip_grad_norm_is_global(runs, plain, strategy, norm):
 def test_torch_clip_on_sharded_gradients_is_refused(runs, strategy):
     ws, results = runs
     message = results[0]["torch_clip", strategy]
-    if strategy in ("zero1", "fsdp"):
+    if strategy in ("zero1", "zero2", "fsdp"):
         assert message.startswith("GradientsChangedError"), message
         assert "fsdp_mini.clip_grad_norm_(model, max_norm)" in message
-    else:  # ddp: whole averaged gradients, torch's clip is right; zero2: the kit cannot see it
+    else:  # ddp: whole averaged gradients, torch's clip is right
         assert message == "no error"
+    if strategy == "zero2":  # the stand-in names the parameter whose gradient is elsewhere
+        assert re.search(r"the gradient of '[\w.]+' is not on this rank", message), message
 
 
 @pytest.mark.parametrize("strategy", hw.STRATEGIES)
@@ -211,3 +213,29 @@ def test_a_model_on_the_meta_device_is_materialised_or_clearly_refused():
     state = fsdp_mini.full_state_dict(model)
     assert not any(v.is_meta for v in state.values())
     assert model(*hw.batch(0)).isfinite()
+
+
+def test_zero2_gradients_reduce_scattered_away_are_stand_ins_that_explain_themselves():
+    """In one process: a used parameter's p.grad names where its gradient went, an unused one
+    keeps None; printing, deepcopy and zero_grad(set_to_none=False) work; two backwards without
+    zero_grad accumulate like plain torch (the next forward drops the stand-ins)."""
+    plain = hw.Habits()
+    model, opt = fsdp_mini.parallelize(hw.Habits(), "zero2", optimizer=hw.ADAMW)
+    x, y = hw.batch(0)
+    model(x, y, 0).backward()
+    grad = model.block.lin.weight.grad
+    assert isinstance(grad, fsdp_mini.clip.GradientElsewhere) and grad.shape == (6, 6)
+    assert model.block.never.grad is None
+    assert "GradientElsewhere('block.lin.weight', shape=(6, 6)" in repr(grad)
+    assert isinstance(copy.deepcopy(grad), fsdp_mini.clip.GradientElsewhere)
+    with pytest.raises(fsdp_mini.GradientsChangedError, match="fsdp_mini.clip_grad_norm_"):
+        grad.norm()
+    model.zero_grad(set_to_none=False)
+    assert model.block.lin.weight.grad is None
+    for net in (plain, model):  # two backwards, no zero_grad between them
+        for step in (0, 1):
+            net(*hw.batch(step), step).backward()
+    pieces = {id(p): p for p in opt.param_groups[0]["params"]}
+    total = sum(p.grad.double().pow(2).sum() for p in pieces.values() if p.grad is not None)
+    ref = sum(p.grad.double().pow(2).sum() for p in plain.parameters() if p.grad is not None)
+    assert math.isclose(total.item(), ref.item(), rel_tol=1e-9)
