@@ -65,12 +65,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def render_command(args) -> int:
-    from ..labs.render import render_labs
+    import signal
+
+    from ..labs.render import Interrupted, render_labs
     try:
         render_labs(args.out, args.labs, ci=args.ci)
     except (ValueError, OSError) as err:  # Note: OSError: a notebook moved away while rendering
         print(f"fsdp-mini render-labs: error: {err}", file=sys.stderr)
         return 2
+    except Interrupted as stop:
+        print(f"fsdp-mini render-labs: interrupted ({stop.signal_name}) while running {stop.lab}; "
+              f"its kernel and ranks were stopped and no HTML was written for it",
+              file=sys.stderr)
+        return 128 + signal.Signals[stop.signal_name].value
     return 0
 
 
