@@ -46,7 +46,7 @@ def clip_grad_norm_(model: torch.nn.Module, max_norm: float, norm_type: float = 
     if engine is None:
         raise ValueError("clip_grad_norm_ takes a model returned by fsdp_mini.parallelize; for a "
                          "plain model use torch.nn.utils.clip_grad_norm_")
-    norm_type = float(norm_type)
+    norm_type = _checked_norm(norm_type, max_norm)
     grads, sharded = engine.grads_for_norm()
     device = grads[0].device if grads else next(model.parameters()).device
     if math.isinf(norm_type):
@@ -70,6 +70,23 @@ def clip_grad_norm_(model: torch.nn.Module, max_norm: float, norm_type: float = 
             g.mul_(coef.to(g.device, g.dtype))
     engine.after_clip()
     return total
+
+
+def _checked_norm(norm_type, max_norm) -> float:
+    """``norm_type`` as a float; clear errors for orders that are no norm, and for max_norm."""
+    try:
+        order = float(norm_type)
+    except (TypeError, ValueError):
+        order = math.nan
+    if isinstance(norm_type, bool) or not order > 0:  # Note: also false for nan
+        raise ValueError(f"norm_type must be a number > 0 or float('inf') (2.0 is the usual "
+                         f"Euclidean norm), got {norm_type!r}; order 0 is no norm (torch would "
+                         f"return the count of non-zero elements and scale by it)")
+    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float, torch.Tensor)) \
+            or not float(max_norm) >= 0:
+        raise ValueError(f"max_norm must be a number >= 0 (the largest global norm the "
+                         f"gradients may keep), got {max_norm!r}")
+    return order
 
 
 # -- the mistake the kit can see: torch's clip on gradients that are one rank's -------------------

@@ -91,6 +91,15 @@ def _checked(args, check_json_path) -> dict:
              "a number of µs >= 0")):
         if not ok:
             raise ValueError(f"{flag} must be {what}, got {value:g}")
+    for flag in ("seq", "layers", "hidden", "heads", "vocab", "kv_heads", "ffn", "shard_size"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be a whole number >= 1, got "
+                             f"{value}")
+    if args.seq is not None and args.params is not None:
+        raise ValueError("--seq sets the sequence length of the activations, which --params "
+                         "does not count; give a shape (--layers --hidden --heads --vocab) or "
+                         "a --model preset with it")
     if args.json is not None:
         check_json_path(args.json)
     params, model = _model(args)

@@ -25,6 +25,14 @@ def torchrun(script, nproc: int = 2, args=(), timeout: float = 120) -> str:
     Note: ``--standalone`` picks a free port, so re-running the cell works; ``start_new_session``
     keeps a Ctrl-C in the notebook from reaching torchrun half-way (the cell stops it, fully).
     """
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be a whole number >= 1 (the processes torchrun starts, "
+                         f"e.g. nproc=2), got {nproc!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a number of seconds > 0, e.g. 120, got {timeout!r}")
+    if not os.path.isfile(script):
+        raise FileNotFoundError(f"no script {script!r} in {os.getcwd()}: write it first (e.g. "
+                                f"with %%writefile), or give its path")
     exe = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     base = [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
     cmd = base + ["--standalone", "--nproc-per-node", str(nproc), str(script), *map(str, args)]

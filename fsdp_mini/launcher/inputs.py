@@ -71,6 +71,11 @@ def pick_backend(backend, world_size):
         return "nccl" if 0 < world_size <= gpus else "gloo"
     if backend not in ("gloo", "nccl"):
         raise ValueError(f'backend must be None, "gloo" or "nccl", got {backend!r}')
+    if backend == "nccl" and gpus == 0:
+        why = ("this torch is a CPU build" if torch.version.cuda is None
+               else "torch.cuda.is_available() is False")
+        raise ValueError(f'backend="nccl" needs GPUs, one per rank, and no CUDA GPU is visible '
+                         f'here ({why}). Use backend="gloo" to run the ranks on the CPU.')
     if backend == "nccl" and gpus < world_size:
         raise ValueError(f'backend="nccl" needs one GPU per rank: world_size={world_size} but only '
                          f'{gpus} CUDA device(s) are visible. Use backend="gloo" (CPU) or a '

@@ -15,6 +15,7 @@ class EventTail:
         self.directory = directory
         self._offsets: dict[str, int] = {}
         self._partial: dict[str, str] = {}
+        self._lines: dict[str, int] = {}  # complete lines read so far, per file
 
     def read(self) -> list[dict]:
         events = []
@@ -26,15 +27,43 @@ class EventTail:
             lines = text.split("\n")
             if lines[-1]:
                 self._partial[path] = lines[-1]  # a line still being written
-            events.extend(json.loads(line) for line in lines[:-1] if line)
+            first = self._lines.get(path, 0) + 1
+            self._lines[path] = first - 1 + len(lines) - 1
+            events.extend(parse_lines(path, lines[:-1], first))
         return events
+
+
+def parse_lines(path: str, lines: list[str], first: int = 1) -> list[dict]:
+    """The events of ``lines`` (line ``first`` of ``path`` onwards); a clear error naming the
+    file and the line for one that is not an event."""
+    events = []
+    for number, line in enumerate(lines, first):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{path}, line {number}: not a JSON event ({e.msg}): "
+                             f"{line[:80]!r}; the file is damaged or not an event file of the "
+                             f"kit") from None
+        if not isinstance(event, dict):
+            raise ValueError(f"{path}, line {number}: an event is a JSON object, got "
+                             f"{line[:80]!r}")
+        events.append(event)
+    return events
 
 
 def load_events(path: str) -> list[dict]:
     """Every event of a finished job, from its folder (or from one ``.jsonl`` file)."""
     if os.path.isfile(path):
         with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+            return parse_lines(path, f.read().split("\n"))
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no events at {path}: give the events folder of a job, or one "
+                                f"of its events_rank*.jsonl files")
+    if not glob.glob(os.path.join(path, "events_rank*.jsonl")):
+        raise ValueError(f"{path} holds no events_rank*.jsonl files: is it the events folder of "
+                         f"a job (the folder the ranks wrote with FSDP_MINI_EVENTS_DIR set)?")
     return EventTail(path).read()
 
 
