@@ -39,6 +39,7 @@ def timings(rank: int, world_size: int, bandwidth_gbs: float, latency_us: float)
                                    async_op=True)]
         for h in handles:
             h.wait()
+        out["ends"] = [h.sim_end for h in handles]  # when each one's simulated transfer ended
     out["two"] = _timed(two_at_once)
 
     handle = {}
@@ -47,6 +48,9 @@ def timings(rank: int, world_size: int, bandwidth_gbs: float, latency_us: float)
         handle["h"] = comm.all_reduce(x, label="hidden", async_op=True)
         time.sleep(out["hidden_compute"])  # "compute" longer than the collective's cost
         start = time.perf_counter()
+        # Note: what the link still owes when the rank waits: 0 once the compute outlasted it.
+        # (The wait itself also holds gloo's real all-reduce, which a busy machine can delay.)
+        out["hidden_link_left"] = max(0.0, handle["h"].sim_end - start)
         handle["h"].wait()
         out["hidden_wait"] = time.perf_counter() - start
     out["hidden_compute"] = 1.5 * link.cost("all_reduce", MB, world_size) + 0.02

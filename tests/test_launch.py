@@ -227,8 +227,14 @@ def test_bad_world_size(world_size):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
-def test_nccl_without_enough_gpus():
-    with pytest.raises(ValueError, match=r"world_size=2 but only 0 CUDA device\(s\).*backend=\"gloo\""):
+def test_nccl_without_enough_gpus(monkeypatch):
+    with pytest.raises(ValueError, match=r"needs GPUs, one per rank, and no CUDA GPU is visible "
+                                         r"here.*backend=\"gloo\" to run the ranks on the CPU"):
+        launch(workers.all_reduce_rank, 2, backend="nccl")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a box with one GPU
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"world_size=2 but only 1 CUDA device\(s\).*"
+                                         r"backend=\"gloo\" \(CPU\) or a world_size <= 1"):
         launch(workers.all_reduce_rank, 2, backend="nccl")
 
 

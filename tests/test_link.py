@@ -57,11 +57,13 @@ def test_bad_links_are_explained():
 def test_world_size_one_is_unaffected():
     comm = Comm(link=SLOW)
     comm.all_reduce(torch.ones(10**6), label="x")
-    assert [r.simulated_seconds for r in comm.ledger.records] == [0.0]
-    assert comm.ledger.records[0].seconds < 0.5 * SLOW.cost("all_reduce", 4e6, 2)
+    record = comm.ledger.records[0]  # nothing sent: the link charges no time and queues none
+    assert (record.simulated_seconds, record.simulated_queue) == (0.0, 0.0)
 
 
 # ---------------------------------------------------------------- gloo, world size 2
+# Note: wall-clock times are bounded from below only (a busy machine only makes them longer);
+# what the link itself adds is checked on its own clock (each handle's simulated end).
 @pytest.fixture(scope="module")
 def timings():
     return launch(link_workers.timings, 2, SLOW.bandwidth_gbs, SLOW.latency_us, timeout=60)
@@ -70,7 +72,9 @@ def timings():
 def test_a_blocking_collective_takes_its_simulated_time(timings):
     cost = SLOW.cost("all_reduce", 10**6, 2)
     for res in timings:
-        assert cost <= res["blocking"] < 3 * cost, (res["blocking"], cost)
+        assert res["blocking"] >= cost, (res["blocking"], cost)
+        blocking = next(r for r in res["records"] if r[1] == "blocking")
+        assert blocking[3] == pytest.approx(cost) and blocking[4] == 0  # charged once, no queue
         assert res["summed"] == 2.0  # the collective itself still ran
 
 
@@ -79,14 +83,15 @@ def test_collectives_in_flight_together_share_the_link(timings):
     for res in timings:
         assert res["two"] >= bytes_ / SLOW.bytes_per_second
         first, second = [r for r in res["records"] if r[1] in ("first", "second")]
-        assert second[4] > 0.5 * first[3]  # the second queued behind the first (issued ~1 ms later)
+        end_first, end_second = res["ends"]
+        assert end_second >= end_first + second[3] - 1e-9  # it began once the first had ended
 
 
 def test_a_collective_hidden_behind_compute_costs_nothing_at_wait(timings):
     cost = SLOW.cost("all_reduce", 10**6, 2)
     for res in timings:
-        assert res["hidden_wait"] < 0.3 * cost, (res["hidden_wait"], cost)
-        assert res["hidden"] < res["hidden_compute"] + 0.5 * cost
+        assert res["hidden_link_left"] == 0.0, (res["hidden_link_left"], cost)
+        assert res["hidden"] >= res["hidden_compute"]
 
 
 def test_ledger_records_carry_simulated_seconds(timings):

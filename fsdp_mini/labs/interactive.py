@@ -37,8 +37,9 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from . import ranks_keeper
 from .ranks_keeper import alive, descendants, kill
+
+KEEPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ranks_keeper.py")
 
 __all__ = ["RankDiedError", "Ranks", "start_ranks"]
 
@@ -209,7 +210,7 @@ class _Keeper:
         self.log = tempfile.TemporaryFile()  # its stderr, for the error if it fails
         # Note: run as a file: it needs only the standard library and ipyparallel
         self.process = subprocess.Popen(
-            [sys.executable, ranks_keeper.__file__, str(os.getpid()), str(world_size),
+            [sys.executable, KEEPER, str(os.getpid()), str(world_size),
              f"fsdp-mini-{os.getpid()}-{secrets.token_hex(4)}"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
             start_new_session=True)
