@@ -161,7 +161,7 @@ def _check_link_args(bandwidth: float | None, latency: float | None) -> None:
 
 
 def compare_command(args) -> int:
-    from .compare import compare_on_rank, format_table, gather_report
+    from .compare import compare_on_rank, format_table, gather_report, run_info
     from ..launcher import launch
     from ..models import make_model
 
@@ -176,7 +176,7 @@ def compare_command(args) -> int:
           + (f", simulated link {link.describe()}" if link else ""), flush=True)
     started = time.perf_counter()
     per_rank = launch(compare_on_rank, world_size, config, backend=backend, timeout=args.timeout)
-    report = gather_report(per_rank, world_size, params, link)
+    report = gather_report(per_rank, world_size, params, link, run_info(config, backend))
     print(format_table(report))
     print(f"({time.perf_counter() - started:.0f} s; peak = tensor bytes this training added, "
           f"state = params + grads + optimizer state after a step; theory from the ZeRO formulas)")

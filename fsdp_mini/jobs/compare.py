@@ -160,8 +160,16 @@ def _progress_bar(done: int, total: int, name: str) -> None:
     sys.stdout.flush()
 
 
+def run_info(config: CompareConfig, backend: str) -> dict:
+    """Where and how a report was measured (for its readers: a slide's caption, say)."""
+    gpu = backend == "nccl" and torch.cuda.is_available()
+    return {"backend": backend, "device": torch.cuda.get_device_name(0) if gpu else "cpu",
+            "torch": torch.__version__, "model": config.model, "steps": config.steps,
+            "global_batch": config.global_batch}
+
+
 def gather_report(per_rank: list[dict], world_size: int, params: int,
-                  link: Link | None = None) -> dict:
+                  link: Link | None = None, run: dict | None = None) -> dict:
     """Merge the ranks' results into the JSON report of ``fsdp-mini compare --json``."""
     strategies = {}
     for rank_out in per_rank:
@@ -169,7 +177,7 @@ def gather_report(per_rank: list[dict], world_size: int, params: int,
             entry = strategies.setdefault(name, {"theory": res["theory"], "ranks": []})
             entry["ranks"].append(asdict(res["rank"]))
     return {"world_size": world_size, "params": params, "strategies": strategies,
-            "link": link.as_dict() if link is not None else None}
+            "link": link.as_dict() if link is not None else None, "run": run}
 
 
 def format_table(report: dict) -> str:

@@ -20,6 +20,7 @@ from ..theory import STRATEGIES
 from .style import (CATEGORY_COLORS, CATEGORY_NAMES, COMPUTE_COLOR, OP_COLORS,  # noqa: F401
                     PHASE_COLORS, RANK_COLORS, BinaryLocator, _ax, _byte_axis, _legend_below,
                     _rank_axis, _theory_lines, as_run, as_runs, rank_color)
+from .reports import report_memory, report_traffic  # noqa: F401
 from .timelines import _union, compute_and_comm, memory_timeline, step_timeline  # noqa: F401
 
 
