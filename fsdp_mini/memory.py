@@ -112,7 +112,7 @@ class MemoryTracker:
             return None
         self._classify_sources()
         snap = Snapshot(label, time.time(), self.current_bytes, dict(self.by_category),
-                        _cuda_figures())
+                        cuda_figures())
         self.snapshots.append(snap)
         return snap
 
@@ -289,15 +289,29 @@ def track_memory(*sources):
         torch.UntypedStorage.resize_ = original_resize
         tracker._classify_sources()
         tracker.active = False
-        tracker.cuda = _cuda_figures()
+        tracker.cuda = cuda_figures()
 
 
-def _cuda_figures() -> dict[str, int]:
+def cuda_figures() -> dict:
+    """What this rank's GPU holds beyond the tensors the categories count (empty on the CPU)::
+
+        tensors counted <= allocated (live blocks) <= reserved (cached) <= device used
+
+    ``allocated_bytes`` and ``reserved_bytes`` are the caching allocator's; ``device_used_bytes``
+    is what ``nvidia-smi`` shows for the whole GPU (NVML, else ``cudaMemGetInfo``): it adds the
+    CUDA context, NCCL's buffers, library workspaces and any other process on the GPU.
+    """
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return {}
+    free, total = torch.cuda.mem_get_info()
+    try:
+        used, source = torch.cuda.device_memory_used(), "nvml"  # Note: needs nvidia-ml-py
+    except Exception:  # noqa: BLE001  (no NVML: the driver's own free/total)
+        used, source = total - free, "cudaMemGetInfo"
     return {"allocated_bytes": torch.cuda.memory_allocated(),
             "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
-            "reserved_bytes": torch.cuda.memory_reserved()}
+            "reserved_bytes": torch.cuda.memory_reserved(),
+            "device_used_bytes": used, "device_total_bytes": total, "device_source": source}
 
 
 def _count_existing_tensors(tracker: MemoryTracker) -> None:

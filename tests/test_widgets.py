@@ -425,3 +425,56 @@ def test_recorded_comparison(shown):
     for run in runs:
         assert run.sent_per_step() == pytest.approx(run.theory_sent_per_step())
         assert f"<b>{run.name}</b>" in cmp.table.value
+
+
+# -- on a GPU: the allocator and the device beside the tensors ----------------------------------
+
+def _stand_in_gpu(allocated=10 * 2**20, reserved=16 * 2**20, used=600 * 2**20):
+    """What fsdp_mini.memory.cuda_figures returns on a CUDA rank (a stand-in for the CPU)."""
+    return lambda: {"allocated_bytes": allocated, "peak_allocated_bytes": allocated,
+                    "reserved_bytes": reserved, "device_used_bytes": used,
+                    "device_total_bytes": 80 * 10**9, "device_source": "nvml"}
+
+
+def test_a_recorder_on_a_gpu_writes_the_allocators_and_the_devices_figures():
+    import torch
+
+    import fsdp_mini
+    from fsdp_mini.models import GPTConfig, make_model
+    from fsdp_mini.telemetry import Recorder
+    rec = Recorder(run="single", device_memory=_stand_in_gpu())
+    model, opt = fsdp_mini.parallelize(make_model(GPTConfig.tiny()), "single", recorder=rec)
+    x = torch.randint(0, 64, (2, 16))
+    model(x, x)[1].backward()
+    opt.step()
+    rec.step_end(1.0)
+    rec.close()
+    memory = [e for e in rec.events if e["type"] == "memory"]
+    assert memory and all(e["cuda"] == _stand_in_gpu()() for e in memory)
+    plain = Recorder(run="single")  # on the CPU: no such figures
+    model, opt = fsdp_mini.parallelize(make_model(GPTConfig.tiny()), "single", recorder=plain)
+    model(x, x)[1].backward()
+    opt.step()
+    plain.close()
+    assert not any("cuda" in e for e in plain.events)
+
+
+def test_the_dashboard_on_a_gpu_shows_allocated_reserved_and_nvidia_smi_with_each_gap():
+    events = synthetic_run("fsdp", 2)
+    for ev in events:
+        if ev["type"] == "memory":
+            gpu = _stand_in_gpu(allocated=ev["total_bytes"] + 2**20)()
+            ev["cuda"] = gpu
+    dash = widgets.Dashboard.from_events(interleave(events))
+    dash.render(final=True)
+    for bar in dash.bars.children:
+        assert "allocator" in bar.value and "16.0 MiB reserved" in bar.value
+        assert "nvidia-smi 600 MiB used" in bar.value
+    note = dash.device_memory.value
+    assert "On the GPU" in note and note.count("<li>") == 3
+    assert "(+1.00 MiB): live blocks the categories do not see" in note
+    assert "the caching allocator keeps for reuse" in note and "empty_cache" in note
+    assert "(+584 MiB): the CUDA context, NCCL's communication buffers" in note
+    assert "via NVML" in note
+    plain = widgets.Dashboard.from_events(interleave(synthetic_run("fsdp", 2)))
+    assert plain.device_memory.value == ""  # CPU ranks: nothing to say

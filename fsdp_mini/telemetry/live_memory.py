@@ -22,7 +22,7 @@ import weakref
 
 import torch
 
-from ..memory import CATEGORIES, OTHER, _cuda_figures, _storages, categories_of
+from ..memory import CATEGORIES, OTHER, _storages, categories_of, cuda_figures
 
 
 class LiveMemory:
@@ -37,12 +37,14 @@ class LiveMemory:
             loss.backward()                # ... and released again
     """
 
-    def __init__(self, *sources):
+    def __init__(self, *sources, device_memory=None):
         self.sources = sources
         self._saved: dict[int, int] = {}  # storage -> its bytes when autograd saved it
         self._saved_bytes = 0             # their sum, kept up to date (no loop at sample time)
         self._hooks = None
-        self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        # Note: what the GPU says (fsdp_mini.memory.cuda_figures); a stand-in in the CPU tests
+        on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self.device_memory = device_memory or (cuda_figures if on_gpu else None)
 
     @property
     def active(self) -> bool:
@@ -93,8 +95,9 @@ class LiveMemory:
         by_category[OTHER] += self._saved_bytes - claimed
         return sum(by_category.values()), by_category
 
-    def cuda(self) -> dict[str, int]:
-        return _cuda_figures() if self._cuda else {}
+    def cuda(self) -> dict:
+        """The allocator's and the device's figures (``cuda_figures``); empty on the CPU."""
+        return self.device_memory() if self.device_memory is not None else {}
 
 
 _TENSORS = (torch.Tensor, torch.nn.Parameter)

@@ -22,7 +22,7 @@ class Recorder:
     """Rank side: collects this rank's events and writes them to ``directory`` (if any)."""
 
     def __init__(self, directory: str | None = None, rank: int | None = None, run: str = "run",
-                 flush_seconds: float = 0.1):
+                 flush_seconds: float = 0.1, device_memory=None):
         initialised = dist.is_available() and dist.is_initialized()
         self.rank = rank if rank is not None else (dist.get_rank() if initialised else 0)
         self.world_size = dist.get_world_size() if initialised else 1  # until attach() says
@@ -35,6 +35,7 @@ class Recorder:
             os.makedirs(directory, exist_ok=True)
             self._file = open(os.path.join(directory, f"events_rank{self.rank}.jsonl"), "a")
         self.model = self.ledger = self.live = None
+        self.device_memory = device_memory  # None: the GPU's own figures on CUDA ranks
         self._step_start = None
         self.paused = False
 
@@ -53,7 +54,7 @@ class Recorder:
         # Note: the strategy's own group, not the world's; under hsdp, every group together
         self.world_size = getattr(engine, "world_comm", engine.comm).world_size
         self.ledger.subscribe(self._collective)
-        self.live = LiveMemory(model, optimizer)
+        self.live = LiveMemory(model, optimizer, device_memory=self.device_memory)
         # Note: autograd's saved-tensor hooks are on only from a forward to the end of its step
         # (the optimizer's post-step hook), not for the whole life of the recorder.
         model.register_forward_pre_hook(lambda *_: self._watch_activations(True))

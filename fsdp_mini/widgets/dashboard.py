@@ -13,10 +13,6 @@ from ..memory import CATEGORIES
 from ..telemetry.runstate import Runs, RunState, phase_order
 from .timeline_svg import memory_timeline_svg
 from ..telemetry.units import fmt_bytes, fmt_link, fmt_rate, fmt_seconds, phase_name
-
-
-
-
 from .html import (FONT, PEAK, SHORT_PHASE, THEORY, THEORY_UNIT, op_name, rank_label,
                    swatches_html, table_html, track_html)
 from .live import _Live
@@ -32,6 +28,7 @@ class Dashboard(_Live):
         self.header = W.HTML()
         self.bars = W.VBox()
         self.memory_legend = W.HTML()
+        self.device_memory = W.HTML()  # on GPUs: the allocator and nvidia-smi beside the tensors
         self.timeline = W.HTML(layout=W.Layout(max_width="100%"))
         self.timeline_caption = W.HTML()
         self.traffic = W.HTML()
@@ -41,8 +38,8 @@ class Dashboard(_Live):
         box = dict(flex="1 1 480px", margin="4px 8px", overflow="auto")
         row = dict(flex_flow="row wrap", align_items="flex-start")
         self.memory_title = W.HTML()
-        memory = W.VBox([self.memory_title, self.bars,
-                         self.memory_legend], layout=W.Layout(**box))
+        memory = W.VBox([self.memory_title, self.bars, self.memory_legend, self.device_memory],
+                        layout=W.Layout(**box))
         self.children = [
             self.header,
             W.HBox([memory, W.VBox([self.timeline, self.timeline_caption],
@@ -122,6 +119,7 @@ class Dashboard(_Live):
             items.append((f"formula + one unit gathered: {fmt_bytes(with_unit)}",
                           f"border-left:{THEORY_UNIT};width:0"))
         self.memory_legend.value = swatches_html(items)
+        self.device_memory.value = self._device_memory_html(run, ranks, final)
         self.timeline_caption.value = swatches_html(
             [("rank 0 stacked by category; total of", "width:0")] +
             [(f"rank {r}", f"border-top:2px solid {rank_color(r)};height:0") for r in ranks])
@@ -140,13 +138,44 @@ class Dashboard(_Live):
         label = (("at peak: " if final else "now: ") + html.escape(ev["label"])
                  if ev else "no snapshot yet")
         cuda = ev.get("cuda") if ev else None
-        extra = (f" · CUDA alloc {fmt_bytes(cuda.get('allocated_bytes'))}, reserved "
-                 f"{fmt_bytes(cuda.get('reserved_bytes'))}" if cuda else "")
+        extra = (f"<br>allocator {fmt_bytes(cuda.get('allocated_bytes'))} allocated, "
+                 f"{fmt_bytes(cuda.get('reserved_bytes'))} reserved"
+                 + (f" · nvidia-smi {fmt_bytes(cuda['device_used_bytes'])} used"
+                    if "device_used_bytes" in cuda else "") if cuda else "")
         return (f'<div style="{FONT};display:flex;align-items:center;gap:8px;margin:3px 0">'
                 f'<span style="width:52px">{rank_label(r)}</span>'
                 f'<div style="flex:1">{track_html(segments, scale, markers)}</div>'
                 f'<span style="width:250px">{fmt_bytes(now)} · peak {fmt_bytes(run.peak(r))}'
                 f'<br><small style="color:#666">{label}{extra}</small></span></div>')
+
+    def _device_memory_html(self, run: RunState, ranks, final: bool) -> str:
+        """On CUDA ranks: what the GPU holds beyond the tensors counted, one sentence per gap
+        (for the rank whose GPU is fullest). Empty on CPU ranks."""
+        seen = [(r, ev) for r in ranks
+                if (ev := run.rank(r).peak if final else run.rank(r).memory) and ev.get("cuda")]
+        if not seen:
+            return ""
+        r, ev = max(seen, key=lambda x: x[1]["cuda"].get("device_used_bytes", 0))
+        cuda, tensors = ev["cuda"], ev["total_bytes"]
+        allocated, reserved = cuda["allocated_bytes"], cuda["reserved_bytes"]
+        gaps = [(f"tensors counted here {fmt_bytes(tensors)} → allocated {fmt_bytes(allocated)}",
+                 allocated - tensors, "live blocks the categories do not see: temporaries "
+                 "between two samples, and the allocator's rounding of every block to 512 B")]
+        gaps.append((f"→ reserved {fmt_bytes(reserved)}", reserved - allocated,
+                     "freed blocks the caching allocator keeps for reuse (fragmentation); "
+                     "<code>torch.cuda.empty_cache()</code> returns them to the device"))
+        if "device_used_bytes" in cuda:
+            where = "NVML" if cuda.get("device_source") == "nvml" else "cudaMemGetInfo"
+            gaps.append((f"→ used on the device {fmt_bytes(cuda['device_used_bytes'])} "
+                         f"(what nvidia-smi shows, via {where})",
+                         cuda["device_used_bytes"] - reserved,
+                         "the CUDA context, NCCL's communication buffers, library workspaces "
+                         "(cuBLAS), and any other process on this GPU"))
+        items = "".join(f"<li>{step} ({'+' if gap >= 0 else '−'}{fmt_bytes(abs(gap))}): {why}</li>"
+                        for step, gap, why in gaps)
+        return (f'<div style="{FONT};font-size:12px;margin-top:6px"><b>On the GPU</b>, '
+                f'{rank_label(r)} {"at its peak" if final else "now"}:<ul style="margin:2px '
+                f'0 0 16px;padding:0">{items}</ul></div>')
 
     def _render_traffic(self, run: RunState) -> None:
         step, theory, ranks = run.last_step(), run.theory_sent_per_step(), self.ranks()
