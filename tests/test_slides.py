@@ -9,6 +9,7 @@ import base64
 import copy
 import json
 import re
+import shutil
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -28,6 +29,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
+    if not (build.REVEAL / "dist" / "reveal.js").is_file() and shutil.which("npm") is None:
+        pytest.skip("reveal.js is not in slides/node_modules and there is no npm to get it")
     out = tmp_path_factory.mktemp("slides")
     written, measured = build.build(out, "ci", make_pdf=False)
     return out, written, measured
