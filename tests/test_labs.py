@@ -1,5 +1,5 @@
-"""The labs as a whole: all eleven there, every notebook in labs/ run by CI, stored clean, listed in
-labs/README.md, and rendered to HTML by one command."""
+"""The labs as a whole: all twelve there (eleven labs and the assessment), every notebook in
+labs/ run by CI, stored clean, listed in labs/README.md, and rendered to HTML by one command."""
 
 import os
 import re
@@ -17,7 +17,8 @@ from fsdp_mini import labs
 from fsdp_mini.labs.render import LABS_DIR, lab_notebooks
 
 ROOT = LABS_DIR.parent
-EXPECTED = ["00_setup", "01_memory", "02_collectives", "03_ddp", "04_zero", "05_fsdp", "06_fast", "07_bigger", "08_checkpoints", "09_debugging", "10_production"]
+EXPECTED = ["00_setup", "01_memory", "02_collectives", "03_ddp", "04_zero", "05_fsdp", "06_fast", "07_bigger", "08_checkpoints", "09_debugging", "10_production",
+            "11_assessment"]
 
 
 def test_the_labs_are_there():

@@ -1,0 +1,30 @@
+"""Rank functions for tests/test_assessment.py (importable, so spawned ranks find them)."""
+
+import torch
+
+import fsdp_mini
+from fsdp_mini import labs
+from fsdp_mini.labs import assessment_train
+
+
+def weights_of_each(rank, world_size, fns, steps):
+    """Every function's weights after ``steps`` steps, on this rank: one launch for many."""
+    torch.set_num_threads(1)
+    return [assessment_train._run(rank, world_size, fn, steps) for fn in fns]
+
+
+def log_on_rank_0(rank, world_size, steps):
+    """The fixed function, but rank 0 alone gathers the weights to log them: a hang."""
+    torch.manual_seed(0)
+    model, optimizer = fsdp_mini.parallelize(labs.job_net(), "fsdp", optimizer=labs.job_sgd)
+    for step in range(steps):
+        x, y = labs.job_batch(step)
+        n = len(x) // world_size
+        mine = torch.randperm(len(x))[rank * n:(rank + 1) * n]
+        torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+        fsdp_mini.clip_grad_norm_(model, labs.JOB_MAX_NORM)
+        optimizer.step()
+        optimizer.zero_grad()
+        if rank == 0:
+            fsdp_mini.full_state_dict(model)
+    return fsdp_mini.full_state_dict(model)
