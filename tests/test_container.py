@@ -133,6 +133,22 @@ def _bytes(size: str) -> float:
     return float(number) * 1024 ** " kmg".index(unit or " ")
 
 
+def test_the_image_holds_every_folder_the_labs_read_beside_the_kit():
+    """A lab that reads a file of the repository outside fsdp_mini/ (lab 10 reads
+    docker/multinode/) finds it in the image: the images copy that folder."""
+    read = set()
+    for nb in sorted((ROOT / "labs").glob("*.ipynb")):
+        for cell in json.loads(nb.read_text())["cells"]:
+            source = "".join(cell["source"])
+            for parts in re.findall(r'parents\[2\]((?:\s*/\s*"[\w.-]+")+)', source):
+                read.add("/".join(re.findall(r'"([\w.-]+)"', parts)))
+    assert "docker/multinode" in read, "lab 10 no longer reads docker/multinode: update this test"
+    copied = {m.group(1).rstrip("/") for m in re.finditer(r"^COPY (?:--\S+ )*(\S+) ", "\n".join(
+        kit_lines(CPU_DOCKERFILE)), re.M)}
+    missing = sorted(p for p in read if not any(p == c or p.startswith(c + "/") for c in copied))
+    assert not missing, f"the labs read {missing} beside the kit, and the images do not copy them"
+
+
 def test_compose_gives_nccl_what_it_needs_and_binds_localhost():
     compose = yaml.safe_load(COMPOSE.read_text())
     services = compose["services"]
@@ -494,6 +510,7 @@ SMOKE_CONTAINERFILE = f"""FROM {CPU_IMAGE}
 ARG {MARKER}
 COPY smoke.py /tmp/smoke/smoke.py
 RUN OMP_NUM_THREADS=1 fsdp-mini compare --world-size 2 --model tiny
+RUN OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 /opt/fsdp_mini/docker/multinode/train.py --tiny --steps 2 && echo "smoke: multinode: lab 10's train.py ran"
 RUN python /tmp/smoke/smoke.py lab
 RUN python /tmp/smoke/smoke.py no-token
 """
@@ -518,6 +535,7 @@ def test_cpu_image_smoke(cpu_image, tmp_path):
     print(f"\ncontainer: smoke build in {seconds:.0f} s; its steps said:\n" + "\n".join(
         line for line in output.splitlines() if line.startswith(("smoke:", "strategy", "fsdp "))))
     assert rc == 0, f"the smoke build failed ({rc}):\n{output[-8000:]}"
+    assert "smoke: multinode: lab 10's train.py ran" in output
     assert not left, f"processes left by the smoke build (killed): {sorted(left)}"
     table = [line.split()[0] for line in output.splitlines()
              if re.match(r"(single|ddp|zero1|zero2|fsdp)\s+\d+\s", line)]
