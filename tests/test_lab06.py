@@ -1,8 +1,9 @@
 """Lab 06's checker passes the reference crossover and names each typical slip in plain words;
 the sweep's analysis fits the bytes and intercepts it is fed; one short sweep on 2 ranks.
 
-Wrong answers are the reference formula with one slip each, as a learner writes them. (Under
-CI=true, set by conftest, a failed check raises CheckFailed.)
+The wrong answers (the reference formula with one slip each) are in tests/wrong_answers/lab06.py,
+run by tests/test_wrong_answers.py. (Under CI=true, set by conftest, a failed check raises
+CheckFailed.)
 """
 
 import math
@@ -19,18 +20,6 @@ def complaint(fn) -> str:
     with pytest.raises(labs.CheckFailed) as info:
         labs.check_predict_crossover(fn)
     return str(info.value)
-
-
-def formula(psi, n, units, c, alpha_us, m, fsdp_psi=3, ring=None, alpha=None, fsdp_c=None,
-            unit=1e9):
-    """The reference, with knobs a slip turns."""
-    ring = (n - 1) / n if ring is None else ring
-    a = latency = alpha_us * 1e-6 if alpha is None else alpha
-    b_d, b_f = 2 * ring * 4 * psi, fsdp_psi * ring * 4 * psi
-    l_d, l_f = 2 * (n - 1) * a, 3 * units * (n - 1) * latency
-    den = (1 + m) * (c + l_d) - (c if fsdp_c is None else fsdp_c) - l_f
-    num = b_f - (1 + m) * b_d
-    return num / den / unit  # Note: no edge cases, as a first try is written
 
 
 def test_the_reference_passes_with_the_model_figures():
@@ -50,65 +39,9 @@ def test_a_stub_is_not_written_yet():
     assert "not written yet" in complaint(stub)
 
 
-@pytest.mark.parametrize("slip, said", [
-    ({"fsdp_psi": 2}, "FSDP's traffic counted as DDP's 2Ψ"),
-    ({"ring": 1.0}, "the (N−1)/N of the ring is missing"),
-    ({"alpha": 0.0}, "latency left out"),
-    ({"fsdp_c": 0.0}, "FSDP's communication assumed hidden behind its compute"),
-    ({"unit": 1e9 / 8}, "off by 8: bits and bytes mixed up"),
-    ({"unit": 2**30}, "GiB/s instead of GB/s"),
-    ({"unit": 1}, "the answer is in B/s"),
-])
-def test_each_typical_slip_is_named(slip, said):
-    def slipped(psi, world_size, units, compute_s, latency_us, margin):
-        return formula(psi, world_size, units, compute_s, latency_us, margin, **slip)
-
-    text = complaint(slipped)
-    assert said in text and "Ψ = 3.2e+06, N = 4, 4 units: you say" in text
-    assert "the α-β model 0.4145 GB/s" in text
-
-
-def test_bandwidth_on_the_wrong_side_is_named():
-    def inverted(psi, world_size, units, compute_s, latency_us, margin):
-        return 1 / predict(psi, world_size, units, compute_s, latency_us, margin)
-
-    assert "bandwidth multiplied where it divides" in complaint(inverted)
-
-
 def test_an_unknown_answer_gets_the_formula_as_hint():
     text = complaint(lambda *args: 1.0)
     assert "you say 1 GB/s, the α-β model 0.4145 GB/s" in text and "solve T_f(b)" in text
-
-
-def _extra_bytes_and_time_left(psi, n, units, c, alpha_us, m):
-    """The crossover's numerator (FSDP's bytes beyond (1+m)x DDP's) and denominator (the time
-    the margin leaves once compute and latency are paid), with neither edge handled."""
-    a, ring = alpha_us * 1e-6, (n - 1) / n
-    num = 3 * ring * 4 * psi - (1 + m) * 2 * ring * 4 * psi
-    den = (1 + m) * (c + 2 * (n - 1) * a) - c - 3 * units * (n - 1) * a
-    return num, den
-
-
-def test_a_negative_answer_at_margin_zero_is_told_to_return_inf():
-    def no_inf(*args):
-        num, den = _extra_bytes_and_time_left(*args)
-        return num / den / 1e9
-
-    text = complaint(no_inf)
-    assert "✔ the crossover of all four jobs matches" in text
-    assert "margin 0: you say" in text and "return math.inf" in text
-
-
-def test_a_negative_answer_at_a_margin_above_one_half_is_told_to_return_zero():
-    def no_zero(*args):
-        num, den = _extra_bytes_and_time_left(*args)
-        return math.inf if den <= 0 else num / den / 1e9   # Note: the extra bytes' edge missed
-
-    text = complaint(no_zero)
-    assert "✔ margin 0: inf" in text
-    assert "margin 0.6: you say -" in text and "never loses by 60 %" in text
-    assert "return 0.0" in text
-    assert predict(3.2e6, 4, 4, 0.2, 50.0, 0.6) == 0.0
 
 
 def test_an_error_is_one_line():

@@ -54,9 +54,18 @@ def alpha_beta_crossover(psi: float, world_size: int, units: int, compute_s: flo
     b_d, b_f = 2 * ring * payload, (2 if mistake == "2psi" else 3) * ring * payload
     if mistake == "latency":
         alpha = 0.0
-    l_d, l_f = 2 * (n - 1) * alpha, 3 * units * (n - 1) * alpha
+    hops = 1 if mistake == "alpha once" else n - 1          # messages of a ring collective
+    calls = {"unit once": 3 / units, "2 per unit": 2}.get(mistake, 3)  # FSDP's, per unit
+    l_d = (1 if mistake == "all-reduce once" else 2) * hops * alpha
+    l_f = calls * units * hops * alpha
     c_f = 0.0 if mistake == "overlap" else compute_s  # FSDP's T = max(C, comm): comm dominates
-    b = solve_crossover((c_f, l_f, b_f), (compute_s, l_d, b_d), margin)
+    if mistake == "margin on fsdp":  # (1 + m)·T_f(b) = T_d(b): the margin multiplies FSDP's step
+        m = 1 + margin
+        num, den = m * b_f - b_d, compute_s + l_d - m * (c_f + l_f)
+        b = (0.0 if den > 0 else math.inf) if num <= 0 else (
+            math.inf if den <= 0 else num / den / 1e9)
+    else:
+        b = solve_crossover((c_f, l_f, b_f), (compute_s, l_d, b_d), margin)
     return {"bits": b * 8, "gib": b * 1e9 / 2**30, "bytes_per_s": b * 1e9,
             "inverted": 1 / b if 0 < b < math.inf else b}.get(mistake, b)
 
@@ -72,6 +81,19 @@ MISTAKES = {
                 "of them than DDP"), "add L = 3·units·(N−1)α for FSDP and 2(N−1)α for DDP"),
     "overlap": (("FSDP's communication assumed hidden behind its compute: without prefetch it "
                 "waits for every collective"), "T_fsdp = C + L_f + B_f/b, like DDP's, not max(C, …)"),
+    "alpha once": (("α paid once per collective: a ring collective sends N−1 messages, each "
+                    "paying α, so its latency is (N−1)α, paid (N−1) times, not once"),
+                   "L_d = 2(N−1)α for the all-reduce, L_f = 3·units·(N−1)α for FSDP"),
+    "unit once": (("FSDP's latency counted once per step, not for every unit: each unit issues "
+                   "its own 3 collectives"), "L_f = 3·units·(N−1)α: 3 collectives for every unit"),
+    "2 per unit": (("2 collectives per unit in FSDP's latency: the backward all-gather is "
+                    "missing (each unit is gathered again for backward: 3 per unit)"),
+                   "L_f = 3·units·(N−1)α: forward all-gather, backward all-gather, reduce-scatter"),
+    "all-reduce once": (("DDP's all-reduce charged (N−1)α: an all-reduce is a reduce-scatter then "
+                         "an all-gather, 2(N−1) messages, 2(N−1)α"), "L_d = 2(N−1)α"),
+    "margin on fsdp": (("the margin on the wrong side: FSDP loses when T_f(b) > (1 + m)·T_d(b); "
+                        "the (1 + m) multiplies DDP's step, not FSDP's"),
+                       "solve C_f + L_f + B_f/b = (1+m)(C_d + L_d + B_d/b) for b"),
     "bits": ("off by 8: bits and bytes mixed up", "the ledger and Link count bytes; GB/s = 10⁹ B/s"),
     "gib": ("off by 1e9/2³⁰ = 0.93: GiB/s instead of GB/s", "Link's bandwidth_gbs is 10⁹ B/s"),
     "bytes_per_s": ("the answer is in B/s: divide by 10⁹ for GB/s", ""),
