@@ -72,6 +72,8 @@ def check_reshard(fn) -> CheckResult:
     result = CheckResult("your reshard")
     if unwritten(fn):
         return result.wrong("reshard is not written yet", hint="fill in its body").finish()
+    if (same := _not_resharded(fn)):
+        return result.wrong(*same).finish()
     for numel, old_n, new_n in CASES:
         for rank in range(new_n):
             want = expected_shard(numel, new_n, rank)
@@ -88,6 +90,31 @@ def check_reshard(fn) -> CheckResult:
     result.ok("shards of ceil(numel / N) elements, padding zeros, old ranks taken in rank order")
     result.ok("Adam's two moments (exp_avg, exp_avg_sq) resharded exactly like the parameter")
     return result.finish()
+
+
+def _not_resharded(fn):
+    """(message, hint) when every new rank gets the old rank's shards as they were, else None.
+    Note: one case alone can look like another slip (equal shards of 10 // 3 = 3 on rank 0 are
+    old rank 0's 3 elements): only all the cases together say "not resharded"."""
+    seen = 0
+    for numel, old_n, new_n in CASES:
+        for rank in range(min(old_n, new_n) if old_n != new_n else 0):
+            old = old_shards(numel, old_n)
+            try:
+                got = fn(old_shards(numel, old_n), numel, new_n, rank)
+                if not all(torch.is_tensor(got[k]) and _same(got[k].reshape(-1), old[rank][k])
+                           for k in KEYS):
+                    return None
+            except Exception:  # noqa: BLE001  (the main loop reports the learner's errors)
+                return None
+            seen += 1
+    return None if not seen else (
+        (f"not resharded: every new rank r got old rank r's shards as they were saved (e.g. "
+         f"numel {CASES[0][0]}, {CASES[0][1]} → {CASES[0][2]} ranks, new rank 0 got old rank 0's "
+         f"{-(-CASES[0][0] // CASES[0][1])} elements); on another world size each rank holds "
+         f"another slice"),
+        ("join the old shards by rank, drop the padding past numel, then cut "
+         "ceil(numel / new_world_size) elements for the new rank"))
 
 
 def _diagnose(got, want, numel, old_n, new_n, rank):
@@ -113,6 +140,12 @@ def _diagnose(got, want, numel, old_n, new_n, rank):
         if not torch.is_tensor(g) or g.dim() != 1:
             return (f"{key!r} is not a 1-D tensor ({where})", "return flat shards")
         if g.numel() != size:
+            real = max(0, min(numel - rank * size, size))
+            if g.numel() == real < size:
+                return ((f"{key!r} has {g.numel()} elements, expected {size} ({where}): the last "
+                         f"shard is not padded: rank {rank}'s slice holds {real} real elements, "
+                         f"and every shard is ceil({numel}/{new_n}) = {size} long"),
+                        "pad the short slice with zeros up to ceil(numel / N)")
             return _wrong_size(key, g.numel(), size, numel, old_n, new_n, where)
     for key in KEYS:
         g, w = got[key].float(), want[key]
@@ -185,6 +218,11 @@ def _mistakes(key, numel, old_n, new_n, rank):
         yield (cut(real, rank * size + shift), (f"off by one: your shard starts at element "
                f"{rank * size + shift}, rank {rank}'s starts at {rank * size}"),
                "rank r holds [r * size, (r + 1) * size), the end excluded")
+    other = new_n - 1 - rank
+    if other != rank:
+        yield (cut(real, other * size), (f"new rank {rank} holds elements [{other * size}, "
+               f"{(other + 1) * size}), which are rank {other}'s slice: the new ranks are "
+               f"counted from the wrong end"), "new rank r starts at r * size")
     if rank:
         yield (cut(real, rank * size * 4), (f"your shard starts at element {rank * size * 4} = 4 "
                f"x {rank * size}: bytes and elements mixed"), "offsets in elements, not bytes")
