@@ -9,7 +9,7 @@ say in plain words what is right and what is wrong.
 
     labs.check_ring_all_reduce(ring_all_reduce)  # ✔/✘ lines, on several ranks
 
-Each lab's checkers live in ``lab01.py`` ... ``lab10.py`` (what labs 04–05 share in
+Each lab's checkers live in ``lab00.py`` ... ``lab10.py`` (what labs 04–05 share in
 ``checking.py``, lab 05's unit scaffolding in ``fsdp_scaffold.py``, the runs labs 06–10 measure in
 ``lab06_runs.py``, ``lab07_runs.py``, ``checkpoint_runs.py``, ``four_jobs.py``, lab 10's checker in
 ``port_check.py``); the assessment of lab 11 (the job, its grading, the report) in
@@ -22,6 +22,7 @@ executed HTML copies of the labs in ``render.py`` (``fsdp-mini render-labs``).
 from .config import LabConfig, in_ci, lab_config
 from .exercise import exercise, load_solution, not_written_yet, show_solution, yours_or_reference
 from .report import CheckFailed, CheckResult
+from .lab00 import *  # noqa: F401,F403
 from .lab01 import *  # noqa: F401,F403
 from .lab02 import *  # noqa: F401,F403
 from .lab03 import *  # noqa: F401,F403
@@ -34,10 +35,10 @@ from .lab09 import *  # noqa: F401,F403
 from .lab10 import *  # noqa: F401,F403
 from .assessment import *  # noqa: F401,F403
 from .interactive import *  # noqa: F401,F403
-from . import (assessment, interactive, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08,
-               lab09, lab10)
+from . import (assessment, interactive, lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07,
+               lab08, lab09, lab10)
 
-_LABS = (lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10, assessment,
+_LABS = (lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10, assessment,
          interactive)
 __all__ = (["LabConfig", "in_ci", "lab_config", "exercise", "load_solution", "not_written_yet",
             "show_solution", "yours_or_reference", "CheckFailed", "CheckResult"]

@@ -55,9 +55,11 @@ class _Messages:
     Note: each message is preceded by its size (not counted), so a recv into a tensor of another
     size is recorded in ``mismatch`` instead of aborting the process (gloo aborts then)."""
 
-    def __init__(self, rank: int, world_size: int):
+    def __init__(self, rank: int, world_size: int, tensor: torch.Tensor | None = None):
         self.rank, self.world_size, self.sent_bytes, self.mismatch = rank, world_size, 0, ""
         self.requests: list[_Request] = []
+        self.tensor, self.halfway = tensor, None  # the tensor when the N-th send starts
+        self.peers: set[tuple[str, int]] = set()  # ("to", r) and ("from", r) relative offsets
 
     def _peer(self, peer, what: str) -> int:
         if isinstance(peer, int) and 0 <= peer < self.world_size and peer != self.rank:
@@ -69,6 +71,9 @@ class _Messages:
         """Start sending ``tensor`` to rank ``to``; returns a request: call its ``.wait()``."""
         # Note: non-blocking (isend), so every rank can send first and receive second.
         to, data = self._peer(to, "send to"), tensor.detach().contiguous()
+        if len(self.requests) == self.world_size - 1 and self.tensor is not None:
+            self.halfway = self.tensor.detach().clone()  # Note: after N-1 steps of a ring
+        self.peers.add(("to", (to - self.rank) % self.world_size))
         size = torch.tensor([data.numel()], dtype=torch.int64)
         request = _Request(dist.isend(size, to, tag=1), dist.isend(data, to, tag=0), size, data)
         self.sent_bytes += data.numel() * data.element_size()
@@ -78,6 +83,7 @@ class _Messages:
     def recv(self, tensor: torch.Tensor, frm: int) -> None:
         """Receive into ``tensor`` what rank ``frm`` sent; blocks until it arrives."""
         frm, size = self._peer(frm, "recv from"), torch.zeros(1, dtype=torch.int64)
+        self.peers.add(("from", (frm - self.rank) % self.world_size))
         if not tensor.is_contiguous():
             raise ValueError("recv needs a contiguous tensor (a chunk of a 1-D tensor is one)")
         dist.irecv(size, frm, tag=1).wait()
@@ -121,7 +127,8 @@ def _ring_on_rank(rank, world, fns, world_sizes, sizes):
         for n in world_sizes:
             for size in sizes:
                 if rank < n:  # Note: the first n ranks form the ring; the others wait below
-                    x, messages = ring_input(rank, n, size), _Messages(rank, n)
+                    x = ring_input(rank, n, size)
+                    messages = _Messages(rank, n, x)
                     try:
                         returned = fn(x, rank, n, messages.send, messages.recv)
                         unwaited = messages.finish()
@@ -129,7 +136,11 @@ def _ring_on_rank(rank, world, fns, world_sizes, sizes):
                         raise ExerciseRaised(f"[{n} ranks, {size} elements] "
                                              f"{type(e).__name__}: {e}") from None
                     got = returned if isinstance(returned, torch.Tensor) else x
+                    halfway = x.detach().clone() if messages.halfway is None else messages.halfway
                     out[k].append({"n": n, "size": size, "got": got.detach().float().clone(),
+                                   "halfway": halfway, "peers": sorted(messages.peers),
+                                   "unchanged": torch.equal(got.detach().float(),
+                                                            ring_input(rank, n, size)),
                                    "sent": messages.sent_bytes, "mismatch": messages.mismatch,
                                    "unwaited": unwaited, "sends": len(messages.requests)})
                 dist.barrier()
@@ -189,7 +200,12 @@ def _check_sums(result, cases) -> None:
     (n, size), want = wrong[0], expected[wrong[0]]
     got, where = [c["got"] for c in cases[wrong[0]]], f"{size} elements on {n} ranks"
     same_shape = all(g.shape == want.shape for g in got)
-    if same_shape and all(torch.allclose(g, want / n) for g in got):
+    if all(c["unchanged"] for c in cases[wrong[0]]):
+        result.wrong(f"the tensor passed in is unchanged on every rank ({where}): your ring "
+                     f"summed a copy (a clone, a torch.cat, a .flatten() copy), not the tensor",
+                     hint="sum it in place: chunks = tensor.view(-1).tensor_split(world_size) "
+                          "are views, and writing into them writes into tensor")
+    elif same_shape and all(torch.allclose(g, want / n) for g in got):
         result.wrong(f"every rank holds the mean, not the sum ({where}): an all-reduce sums",
                      hint="remove the division (DDP divides the summed gradient by N itself)")
     elif all(s % m for m, s in wrong) and all(right[k] for k in cases if k[1] % k[0] == 0):
@@ -215,10 +231,41 @@ def _check_sums(result, cases) -> None:
         g = got[bad[0]].flatten()
         i = int((g != want).nonzero()[0]) if g.shape == want.shape else 0
         seen = f"got {g[i].item():g}" if g.numel() > i else f"got shape {tuple(g.shape)}"
-        result.wrong(f"wrong sums on rank(s) {', '.join(map(str, bad))} ({where}; element {i}: "
-                     f"{seen}, expected {want[i].item():g})",
-                     hint="check the chunk indices: at step s rank r sends chunk (r - s) % N to "
-                          "rank r+1, and adds what rank r-1 sends into chunk (r - s - 1) % N")
+        sums = f"wrong sums on rank(s) {', '.join(map(str, bad))} ({where}; element {i}: {seen}, " \
+               f"expected {want[i].item():g})"
+        steps = [c["peers"] for c in cases[wrong[0]]]
+        if n > 2 and all(("to", n - 1) in p for p in steps):
+            result.wrong(f"{sums}: each rank sends to rank r-1 and receives from rank r+1, the "
+                         f"other way round the ring from the one your chunk indices assume",
+                         hint="send to (rank + 1) % world_size and receive from (rank - 1) % "
+                              "world_size, as the indices (r - s) % N assume")
+        elif _reduce_scatter_right(cases[wrong[0]], want):
+            result.wrong(f"{sums}: the reduce-scatter phase is right (after its N-1 steps every "
+                         f"rank held one fully summed chunk); the all-gather phase is wrong",
+                         hint="in the all-gather phase, N-1 steps: at step s rank r sends chunk "
+                              "(r + 1 - s) % N to rank r+1 and receives into chunk (r - s) % N "
+                              "what rank r-1 sends (copy, no adding)")
+        else:
+            result.wrong(f"{sums}: the reduce-scatter phase is wrong (after its N-1 steps no "
+                         f"rank held a fully summed chunk where the ring puts it)",
+                         hint="in the reduce-scatter phase, at step s rank r sends chunk "
+                              "(r - s) % N to rank r+1, receives what rank r-1 sends into a "
+                              "fresh torch.empty_like(chunk), and adds it into chunk "
+                              "(r - s - 1) % N")
+
+
+def _reduce_scatter_right(per_rank, want) -> bool:
+    """After the first N-1 steps, did every rank hold a distinct chunk that is the full sum?"""
+    n, owned = len(per_rank), set()
+    parts = want.tensor_split(n)
+    for c in per_rank:
+        mine = c["halfway"].float().flatten().tensor_split(n)
+        full = [j for j in range(n) if mine[j].shape == parts[j].shape
+                and torch.equal(mine[j], parts[j])]
+        if not full:
+            return False
+        owned.update(full)
+    return len(owned) == n
 
 
 def _check_bytes(result, cases) -> None:
