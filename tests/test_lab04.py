@@ -1,17 +1,15 @@
-"""Lab 04's checkers pass the reference solutions and name each typical ZeRO mistake in words.
+"""Lab 04's checkers pass the reference solutions; the notebook and the comparison view.
 
-Wrong answers are small subclasses of the reference solutions: each changes one method the way a
-learner might get it wrong. (Under CI=true, set by conftest, a failed check raises CheckFailed.)
+The wrong answers a checker must name are in tests/wrong_answers/lab04.py (run by
+tests/test_wrong_answers.py). (Under CI=true, set by conftest, a failed check raises CheckFailed.)
 """
 
 from pathlib import Path
 
 import nbformat
 import pytest
-import torch
 
 from fsdp_mini import labs
-from fsdp_mini.labs import lab04
 from fsdp_mini.telemetry import load_events
 from fsdp_mini.telemetry.runstate import Runs
 
@@ -43,127 +41,6 @@ def test_a_stub_is_not_written_yet():
             ...  # noqa: PIE790  (a stub, as in the notebook)
 
     assert "not written yet: my_slice, reduce_gradients, after_step" in complaint(labs.check_zero1, Stub)
-
-
-def test_every_rank_updating_the_whole_buffer_saves_no_memory():
-    class Whole(Zero1):
-        def my_slice(self):
-            return 0, self.flat.numel()
-
-    said = complaint(labs.check_zero1, Whole)
-    assert "every rank owns the whole buffer" in said and "not Ψ/N: no memory saved" in said
-
-
-def test_wrong_offsets_name_the_rank_and_whose_slice_it_takes():
-    class Swapped(Zero1):
-        def my_slice(self):
-            size = self.flat.numel() // self.comm.world_size
-            r = self.comm.world_size - 1 - self.comm.rank
-            return r * size, (r + 1) * size
-
-    assert "rank 0 would update elements [30, 60), which are rank 1's slice" in \
-        complaint(labs.check_zero1, Swapped)
-
-
-def test_padding_not_handled_leaves_elements_to_no_rank():
-    class NoPadding(Zero1):
-        def my_slice(self):
-            size = sum(p.numel() for p in self.module.parameters()) // self.comm.world_size
-            return self.comm.rank * size, (self.comm.rank + 1) * size
-
-    said = complaint(labs.check_zero1, NoPadding)
-    assert "padding: with Ψ = 59 elements on 2 ranks" in said and "belong to no rank" in said
-
-
-def test_forgetting_to_average_makes_gradients_n_times_too_large():
-    class NoAverage(Zero1):
-        def reduce_gradients(self, flat_grad):
-            self.comm.all_reduce(flat_grad, label="grads")
-            start, stop = self.my_slice()
-            self.shard.grad = flat_grad[start:stop]
-
-    said = complaint(labs.check_zero1, NoAverage)
-    assert "gradients 2x too large" in said and "divide the sum over ranks by the world size" in said
-    assert "✔ AdamW" in said and "AdamW hides it" in said  # and why AdamW alone would not see it
-
-
-def test_forgetting_the_all_gather_names_the_rank_and_parameter_that_drift():
-    class NoGather(Zero1):
-        def after_step(self):
-            self.mark("params", "not gathered")
-
-    said = complaint(labs.check_zero1, NoGather)
-    assert "after step 1, rank 1's '" in said and "the ranks drift apart" in said
-    assert "no all-gather of the parameters" in said
-
-
-def test_a_collective_skipped_by_one_rank_is_named_not_a_hang():
-    class OnlyRankZeroGathers(Zero1):
-        def after_step(self):
-            if self.comm.rank == 0:
-                start, stop = self.my_slice()
-                self.comm.all_gather(self.flat, self.flat[start:stop], label="params")
-
-    said = complaint(labs.check_zero1, OnlyRankZeroGathers)
-    assert "CollectiveMismatchError" in said and "rank 0 issues all_gather 'params'" in said
-
-
-def test_an_error_in_a_rank_is_one_line_with_the_learners_line():
-    class Raises(Zero1):
-        def reduce_gradients(self, flat_grad):
-            raise ValueError("learner's bug")
-
-    said = complaint(labs.check_zero1, Raises)
-    assert 'raised ValueError: learner\'s bug (in reduce_gradients: `raise ValueError' in said
-    assert "Traceback" not in said
-
-
-def test_zero2_reduce_scatter_without_averaging():
-    class NoAverage(Zero2):
-        def reduce_gradients(self, flat_grad):
-            mine = torch.empty_like(self.shard)
-            self.comm.reduce_scatter(mine, flat_grad, label="grads")
-            self.shard.grad = mine
-
-    assert "gradients 2x too large" in complaint(labs.check_zero2, NoAverage)
-
-
-def test_zero2_that_all_reduces_and_keeps_the_whole_gradient():
-    class AllReduce(Zero2):
-        def reduce_gradients(self, flat_grad):
-            self.comm.all_reduce(flat_grad, label="grads")
-            flat_grad /= self.comm.world_size
-            start, stop = self.my_slice()
-            self.shard.grad = flat_grad[start:stop]   # a view: the whole buffer stays alive
-
-    said = complaint(labs.check_zero2, AllReduce)
-    assert "1.50x the ZeRO-2 formula: the gradients were all-reduced (2Ψ)" in said
-    assert "gradients kept after the step: 240 B per rank" in said
-
-
-def test_zero1_keeping_a_copy_of_its_slice_is_told_to_keep_the_whole_gradient():
-    class Copy(Zero1):  # less memory, but that is ZeRO-2's saving: ZeRO-1 keeps the whole average
-        def reduce_gradients(self, flat_grad):
-            self.comm.all_reduce(flat_grad, label="grads")
-            flat_grad /= self.comm.world_size
-            start, stop = self.my_slice()
-            self.shard.grad = flat_grad[start:stop].clone()
-
-    said = complaint(labs.check_zero1, Copy)
-    assert ("gradients kept after the step: 120 B per rank, this rank's slice only, but ZeRO-1 "
-            "keeps the whole averaged gradient, 4Ψ = 240 B: self.shard.grad is a copy" in said)
-    assert "keeping only a slice is ZeRO-2's saving" in said and "a view of your slice" in said
-    assert "but the formula says" not in said  # the cause, not only a total that differs
-
-
-def test_zero1_that_reduce_scatters_is_told_that_is_zero2():
-    result = labs.CheckResult("ZeRO-1")
-    run = {"padded": 60, "element_size": 4, "sent": {"reduce_scatter": 120.0, "all_gather": 120.0},
-           "memory": {"params": 240, "grads": 120, "optimizer_state": 244},
-           "expected": {"persistent_bytes": 712.0}}
-    lab04._judge_memory(result, run, stage=1, n=2)
-    assert "you reduce-scatter into a new shard: that is ZeRO-2, the next exercise" in str(result)
-    assert not result.passed
 
 
 def test_who_ran_names_each_exercise_that_fell_back():

@@ -13,6 +13,8 @@ by the gradient's own size and so hides a gradient that is N times too large.
 
 from __future__ import annotations
 
+import math
+import re
 from types import SimpleNamespace
 
 import torch
@@ -25,7 +27,7 @@ from ..ledger import ring_bytes
 from ..memory import allocating
 from ..strategy import Strategy
 from .checking import (OPTIMIZERS, compare_states, make_mlp, measure_strategies, missing_methods,
-                       reference, run_ranks, train_states)
+                       reference, rows_for, run_ranks, train_states)
 from .report import CheckResult
 
 __all__ = ["ZeroScaffold", "check_zero1", "check_zero2", "measure_strategies", "who_ran"]
@@ -63,6 +65,7 @@ class ZeroScaffold(Strategy):
         self.shard = nn.Parameter(self.flat[start:stop])
         self.scheduler = BucketScheduler([self.params], lambda i: None, self._backward_end)
         self._grad_buffer = None  # the flat gradient, while backward ends
+        self.grad_was_view = False  # self.shard.grad shared flat_grad's storage (for the checker)
         # Note: phase marks, as in the kit's strategies: a dashboard samples memory there, so it
         # sees the activations (after forward) and the flat gradient (a comm buffer) before the
         # reduction.
@@ -79,6 +82,9 @@ class ZeroScaffold(Strategy):
                         p.grad = None
                 self.mark(self.strategy, "grads_flattened")  # a comm buffer, not reduced yet
                 self.reduce_gradients(flat_grad)
+                grad = self.shard.grad
+                self.grad_was_view = grad is not None and (
+                    grad.untyped_storage().data_ptr() == flat_grad.untyped_storage().data_ptr())
         finally:
             self._grad_buffer = None
         self.mark(self.strategy, "backward_end")
@@ -154,16 +160,43 @@ def _check_zero(cls, stage: int, world_size: int) -> CheckResult:
     if todo:
         return result.wrong(f"not written yet: {', '.join(todo)}", hint="replace each `...` with "
                             "your code, run the cell, then this check").finish()
-    if not _check_slices(cls, result) or (runs := run_ranks(result, _zero_run, world_size, cls)) is None:
+    if not _check_slices(cls, result) or (runs := run_ranks(result, _zero_run, world_size, cls,
+                                                            explain=_explain_error)) is None:
         return result.finish()
+    for op, label in runs[0]["AdamW"]["unwaited"]:
+        result.wrong(f"the {op} {label!r} was issued with async_op=True and never waited: the "
+                     f"ranks used its output before the collective had written it",
+                     hint="keep the handle it returns and call handle.wait() before the tensor "
+                          "is read (or issue it without async_op)")
     init = make_mlp().state_dict()
-    for name, ref in reference().items():
+    for name, ref in reference(rows=rows_for(world_size)).items():
         compare_states(result, name, [r[name]["states"] for r in runs], ref, init)
     run = runs[0]["AdamW"]
     _judge_memory(result, run, stage, world_size)
     _judge_bytes(result, run["sent"], run["expected"]["sent_bytes_per_step"], stage)
     result.facts.update(memory=run["memory"], sent=run["sent"], expected=run["expected"])
     return result.finish()
+
+
+def _explain_error(message: str, frame) -> str | None:
+    """The sentence naming a mistake behind an error a rank raised, or None."""
+    sizes = re.search(r"(all_gather|reduce_scatter): the full tensor has (\d+) elements but \d+ "
+                      r"shards of (\d+)", message)
+    if sizes and sizes[2] == sizes[3]:
+        return (f"the {'output of the reduce-scatter' if sizes[1] == 'reduce_scatter' else 'part you all-gather'}"
+                f" has the whole buffer's {sizes[2]} elements, not the size of self.shard: "
+                + ("each rank gets its 1/N slice of the sum (torch.empty_like(self.shard))"
+                   if sizes[1] == "reduce_scatter" else "each rank sends its own slice, "
+                   "self.flat[start:stop]"))
+    if "created in no_grad mode and is being modified inplace" in message:
+        line = frame[1] if frame else ""
+        what = ("all-gathers from self.shard, the optimizer's nn.Parameter (it requires grad), "
+                if "self.shard" in line else "writes a tensor that requires grad ")
+        return (f"after_step {what}into views of self.flat made under no_grad: the lab's training "
+                f"loop calls after_step in grad mode, where autograd refuses that in-place write. "
+                f"Gather this rank's slice as a plain view of the buffer, self.flat[start:stop] "
+                f"(or self.shard.detach())")
+    return None
 
 
 def _judge_memory(result: CheckResult, run: dict, stage: int, n: int) -> None:
@@ -189,8 +222,10 @@ def _judge_memory(result: CheckResult, run: dict, stage: int, n: int) -> None:
                      "a view of your slice of it")
         return
     if stage == 2 and grads > es * padded / n:
+        view = (": self.shard.grad is a view of flat_grad, which keeps the whole gradient alive"
+                if run["grad_was_view"] else "")
         result.wrong(f"gradients kept after the step: {grads} B per rank, but ZeRO-2 keeps only "
-                     f"this rank's shard, 4Ψ/N = {es * padded // n} B", hint="reduce-scatter into "
+                     f"this rank's shard, 4Ψ/N = {es * padded // n} B{view}", hint="reduce-scatter into "
                      "a new tensor the size of the shard (torch.empty_like(self.shard)); a slice "
                      "of a whole gradient buffer keeps the whole buffer alive")
         return
@@ -204,12 +239,22 @@ def _judge_bytes(result: CheckResult, ops: dict, want: float, stage: int) -> Non
     said = ", ".join(f"{op} {b:.0f} B" for op, b in ops.items()) or "nothing"
     if abs(sum(ops.values()) - want) <= 1e-6:
         result.ok(f"bytes sent per rank per step: {said}, as the formula says")
-    elif "all_gather" not in ops:
-        result.wrong(f"bytes sent per rank per step: {said}: no all-gather of the parameters",
-                     hint="after the step, all-gather every rank's updated slice")
+    elif "all_gather" not in ops or not {"all_reduce", "reduce_scatter"} & set(ops):
+        if not {"all_reduce", "reduce_scatter"} & set(ops):
+            result.wrong(f"bytes sent per rank per step: {said}: the gradients were never averaged "
+                         f"over the ranks, so each rank stepped on its own batch's gradient",
+                         hint="in reduce_gradients, " + ("all-reduce flat_grad and divide by N"
+                              if stage == 1 else "reduce-scatter flat_grad into this rank's shard "
+                              "and divide by N"))
+        if "all_gather" not in ops:
+            result.wrong(f"bytes sent per rank per step: {said}: no all-gather of the parameters",
+                         hint="after the step, all-gather every rank's updated slice")
     elif stage == 1 and "reduce_scatter" in ops and "all_reduce" not in ops:
-        result.ok(f"bytes sent per rank per step: {said}; you reduce-scatter already: ZeRO-2's "
-                  f"move, the next exercise")
+        result.wrong(f"bytes sent per rank per step: {said}: you reduce-scatter, ZeRO-2's move "
+                     f"(the next exercise). This ZeRO-1 is your DDP plus a sharded optimizer: "
+                     f"all-reduce 2Ψ + all-gather Ψ = {want:.0f} B, which the lab measures next",
+                     hint="in reduce_gradients, all-reduce flat_grad as your DDP did, divide it by "
+                     "N and keep it whole")
     elif stage == 2 and "all_reduce" in ops:
         result.wrong(f"bytes sent per rank per step: {said}, {sum(ops.values()) / want:.2f}x the "
                      f"ZeRO-2 formula: the gradients were all-reduced (2Ψ)", hint="each rank needs "
@@ -252,6 +297,21 @@ def _check_slices(cls, result: CheckResult) -> bool:
                          f"{got[rank][1]}), which are rank {want.index(got[rank])}'s slice",
                          hint="the all-gather puts rank r's part at position r: rank r owns "
                               "[r·S, (r+1)·S)")
+        elif [a for a, _ in got] == [a for a, _ in want] and len({b - a for a, b in got}) == 1 \
+                and abs(got[0][1] - got[0][0] - size) == 1:
+            more = got[0][1] - got[0][0] > size
+            shared = [b - 1 for a, b in got[:-1]] if more else [b for a, b in got]
+            result.wrong(f"slice end off by one: with {n} ranks your slices are {got}, "
+                         f"{size + (1 if more else -1)} elements each, not S = {size}: " +
+                         (f"element(s) {shared} are updated by two ranks (the end is inclusive)"
+                          if more else f"element(s) {shared} belong to no rank: never updated"),
+                         hint="a Python slice excludes its end: [start, stop) holds stop - start "
+                              "elements, so stop = start + S")
+        elif (owned > 1).any():
+            twice = (owned > 1).nonzero().flatten().tolist()
+            result.wrong(f"with {n} ranks your slices {got} overlap: element(s) "
+                         f"{twice[0]}..{twice[-1]} are updated by more than one rank",
+                         hint="rank r owns [r·S, (r+1)·S): the slices must not overlap")
         elif orphans:
             result.wrong(f"padding: with Ψ = {numel} elements on {n} ranks your slices hold "
                          f"{sorted({b - a for a, b in got})} elements, and element(s) "
@@ -267,15 +327,18 @@ def _check_slices(cls, result: CheckResult) -> bool:
 
 def _zero_run(rank, world_size, cls):
     from ..api import expected_costs, parallelize
-    from ..memory import track_memory
     out = {}
     for name, factory in OPTIMIZERS.items():
         model, optimizer = parallelize(make_mlp(), cls, optimizer=factory, check_collectives=True)
         ledger = model.fsdp_mini.comm.ledger
         ledger.next_step()
-        with track_memory(model, optimizer) as mem:
-            states = train_states(model, optimizer, rank, world_size, memory=mem)
+        tracked = []  # Note: the last step only, as the lab's measurements (section 4) run it
+        states = train_states(model, optimizer, rank, world_size, rows_for(world_size), tracked)
+        mem = tracked[0]
         out[name] = {"states": states, "expected": expected_costs(model),
+                     "unwaited": list(dict.fromkeys((r.op, r.label) for r in ledger.records
+                                                    if math.isnan(r.seconds))),
+                     "grad_was_view": model.fsdp_mini.grad_was_view,
                      "sent": {op: t.sent_bytes for op, t in ledger.totals(step=ledger.step).items()},
                      "memory": next(s.by_category for s in mem.snapshots if s.label == "after_step"),
                      "padded": model.fsdp_mini.padded_numel(),
