@@ -1,5 +1,6 @@
 """Lab 09's checkers pass the reference solutions and name, in plain words, what is still wrong
-in each broken training function of the lab (and in the half-fixed ones learners write on the way).
+in each broken training function of the lab (and in the half-fixed ones learners write on the way):
+those wrong answers are in tests/wrong_answers/lab09.py, run by tests/test_wrong_answers.py.
 
 (Under CI=true, set by conftest, a failed check raises CheckFailed.)
 """
@@ -8,9 +9,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-import torch
-import torch.distributed as dist
-from torch import nn
 
 import fsdp_mini
 from fsdp_mini import labs
@@ -23,72 +21,8 @@ def complaint(check, fn) -> str:
     return str(info.value)
 
 
-def hand_written(rank, world_size, steps, seed, rows):
-    """Exercise 1's loop: the seed and the rows each rank takes are the bugs to fix."""
-    torch.manual_seed(seed)
-    model = labs.debug_net()
-    optimizer = labs.debug_sgd(model.parameters())
-    for step in range(steps):
-        x, y = labs.debug_batch(step)
-        n = len(x) // world_size
-        mine = slice(0, n) if rows == "first" else slice(rank * n, (rank + 1) * n)
-        nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
-        for p in model.parameters():
-            dist.all_reduce(p.grad)
-            p.grad /= world_size
-        optimizer.step()
-        optimizer.zero_grad()
-    return fsdp_mini.full_state_dict(model)
-
-
-def as_given_1(rank, world_size, steps):
-    return hand_written(rank, world_size, steps, seed=rank, rows="first")
-
-
-def seed_fixed_only(rank, world_size, steps):
-    return hand_written(rank, world_size, steps, seed=0, rows="first")
-
-
-def as_given_2(rank, world_size, steps):
-    torch.manual_seed(0)
-    model, optimizer = fsdp_mini.parallelize(labs.debug_net(), "fsdp", optimizer=labs.debug_sgd)
-    for step in range(steps):
-        x, y = labs.debug_batch(step, rank, world_size)
-        nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if rank == 0:
-            fsdp_mini.full_state_dict(model)
-    return fsdp_mini.full_state_dict(model)
-
-
-def fsdp_clipped(rank, world_size, steps, scale, torch_clip):
-    torch.manual_seed(0)
-    model, optimizer = fsdp_mini.parallelize(labs.debug_net(), "fsdp", optimizer=labs.debug_sgd)
-    for step in range(steps):
-        x, y = labs.debug_batch(step, rank, world_size)
-        (nn.functional.mse_loss(model(x), y) * scale).backward()
-        if torch_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), labs.MAX_NORM)
-        else:
-            fsdp_mini.clip_grad_norm_(model, labs.MAX_NORM)
-        optimizer.step()
-        optimizer.zero_grad()
-    return fsdp_mini.full_state_dict(model)
-
-
-def as_given_3(rank, world_size, steps):
-    return fsdp_clipped(rank, world_size, steps, 1 / world_size, torch_clip=True)
-
-
-def clip_fixed_only(rank, world_size, steps):
-    return fsdp_clipped(rank, world_size, steps, 1 / world_size, torch_clip=False)
-
-
 SOLUTIONS = {"train_1": "09_seeds_and_data", "train_2": "09_hang", "train_3": "09_clipping"}
-JUDGED = {**{fn: labs.load_solution(name, fn) for fn, name in SOLUTIONS.items()},
-          "as_given_1": as_given_1, "seed_fixed_only": seed_fixed_only,
-          "clip_fixed_only": clip_fixed_only}
+JUDGED = {fn: labs.load_solution(name, fn) for fn, name in SOLUTIONS.items()}
 
 
 @pytest.fixture(scope="module")
@@ -110,38 +44,16 @@ def test_the_reference_solutions_pass(runs, fn, clip):
     assert said.startswith(f"✔ {fn}: all checks passed") and "train like one process" in said
 
 
-def test_a_seed_per_rank_is_named_before_anything_else(runs):
-    said = judged(runs, "as_given_1")
-    assert "before any step, rank 1's '0.weight' differs from rank 0's" in said
-    assert "seed every rank the same" in said and "one-process" not in said
+def test_the_reference_hang_fix_logs_the_whole_weight_on_three_ranks():
+    """Exercise 2's check runs on 3 ranks, where rank 0's shard of '0.weight' is not all of it,
+    and reads what rank 0 printed."""
+    result = labs.check_no_hang(labs.load_solution("09_hang", "train_2"))
+    assert result.passed, str(result)
+    assert "(on 3 ranks)" in str(result) and "rank 0 alone logged |w| every step" in str(result)
 
 
-def test_every_rank_on_the_same_rows_is_named_once_the_seed_is_fixed(runs):
-    said = judged(runs, "seed_fixed_only")
-    assert "✔ every rank starts from the same weights (seed 0)" in said
-    assert "every rank trained on the same rows (rank 0's)" in said
-    assert "debug_batch(step, rank, world_size)" in said
-
-
-def test_a_loss_divided_by_the_world_size_is_named_once_clipping_is_fixed(runs):
-    said = judged(runs, "clip_fixed_only", labs.MAX_NORM)
-    assert "the gradients are 2 times (N = 2) too small: the loss was divided by the world size" in said
-
-
-def test_a_collective_on_rank_0_only_is_stopped_and_explained(monkeypatch):
-    monkeypatch.setattr(lab09, "CHECK_TIMEOUT", 3)
-    said = complaint(labs.check_no_hang, as_given_2)
-    assert "timed out after 3 s" in said and "collective under `if rank == 0`" in said
-    assert "check_collectives=True) names both sides" in said
-    # where each rank waited, as a sentence: "rank 0 at `line` in as_given_2", never " (in f: ...)"
-    assert "Where they waited: rank 0 at `" in said and "` in as_given_2" in said
-    assert " (in " not in said and "at(" not in said
-
-
-def test_torch_clipping_of_sharded_gradients_is_named():
-    said = complaint(labs.check_clipping, as_given_3)
-    assert "raised GradientsChangedError" in said and "fsdp_mini.clip_grad_norm_(model" in said
-    assert "Where the ranks were: rank 0 at `optimizer.step()` in fsdp_clipped" in said
+def test_the_rows_each_rank_was_fed_are_recorded(runs):
+    assert [r["rows"] for r in runs["train_1"]] == [[list(range(6))] * 3, [list(range(6, 12))] * 3]
 
 
 @pytest.mark.parametrize("replay, clip, words", [

@@ -24,6 +24,7 @@ gives exactly the weights your ranks got.
 from __future__ import annotations
 
 import json
+import re
 from functools import partial
 from pathlib import Path
 
@@ -129,18 +130,54 @@ def _first_sentence(text: str, limit: int = 300) -> str:
 
 def relative_difference(a: dict, b: dict) -> float:
     """The largest norm-relative difference of a tensor of ``a`` from ``b``'s."""
-    if set(a) != set(b):
+    if set(a) != set(b) or any(a[k].shape != b[k].shape for k in b):
         return float("inf")
     return max(float((a[k].double() - b[k].double()).norm() / (b[k].double().norm() + 1e-12))
                for k in b)
 
 
 def _run(rank, world_size, fns, steps):
-    """On each rank, for each function: its weights before training and after ``steps`` steps.
+    """On each rank, for each function: its weights before training and after ``steps`` steps,
+    the rows of each step its net was fed (``rows``: indices into the step's 12, None for a row
+    not in the batch) and what it printed while training (``printed``).
     Note: several functions in one launch, so that tests pay for one start of the ranks."""
+    import contextlib
+    import io
+
+    import importlib
+    labs_namespace = vars(importlib.import_module(__package__))   # fsdp_mini.labs
     torch.set_num_threads(1)
-    return [{"before": _cpu(fn(rank, world_size, 0)), "after": _cpu(fn(rank, world_size, steps))}
-            for fn in fns]
+    out = []
+    for fn in fns:
+        before = _cpu(fn(rank, world_size, 0))
+        fed, printed = [], io.StringIO()
+        labs_namespace["debug_net"] = partial(_recording_net, fed)  # labs.debug_net() records
+        try:
+            with contextlib.redirect_stdout(printed):
+                after = _cpu(fn(rank, world_size, steps))
+        finally:
+            labs_namespace["debug_net"] = debug_net
+        out.append({"before": before, "after": after, "rows": _rows(fed),
+                    "printed": printed.getvalue()})
+    return out
+
+
+def _recording_net(fed: list) -> nn.Module:
+    """debug_net(), the same weights from the same RNG, that keeps the input of every forward."""
+    net = debug_net()
+    net[0].register_forward_pre_hook(lambda module, args: fed.append(args[0].detach().clone()))
+    return net
+
+
+def _rows(fed: list) -> list:
+    """Per forward, the indices (into its step's whole batch) of the rows fed; forward k is
+    taken as step k. None for a row that is not one of the step's."""
+    out = []
+    for step, x in enumerate(fed[:DEBUG_STEPS]):
+        whole = debug_batch(step)[0]
+        out.append([next((i for i in range(len(whole)) if torch.equal(row, whole[i])), None)
+                    for row in x.reshape(-1, whole.shape[1])])
+    return out
 
 
 def _cpu(state) -> dict:
@@ -171,7 +208,11 @@ def _launch(result: CheckResult, fn, world_size: int):
                                            "must call it, in the same order (log from rank 0, "
                                            "but gather on every rank)",
                 "GradientsChangedError": "clip with fsdp_mini.clip_grad_norm_(model, max_norm): "
-                                         "it computes the norm over every rank's shard"}.get(kind, "")
+                                         "it computes the norm over every rank's shard",
+                "SIGABRT": "gloo aborts a rank when the ranks' collectives do not match (a "
+                           "collective one rank skipped, or sent in another order: sizes that "
+                           "differ): every rank must issue the same collectives in the same "
+                           "order; compare the lines where the ranks were"}.get(kind, "")
         result.wrong(f"rank {e.rank} raised {kind}: {_first_sentence(e.message)}"
                      + (places or (f" (at {at})" if at else "")), hint=hint)
     return None
@@ -179,6 +220,14 @@ def _launch(result: CheckResult, fn, world_size: int):
 
 def _ranks_agree(result: CheckResult, states: list[dict], when: str, hint: str) -> bool:
     for r, other in enumerate(states[1:], start=1):
+        for k, v in other.items():
+            if k in states[0] and v.shape != states[0][k].shape:
+                result.wrong(f"{when}, rank {r}'s {k!r} has shape {tuple(v.shape)}, rank 0's "
+                             f"{tuple(states[0][k].shape)}: the ranks returned their shards, not "
+                             f"the whole weights (under fsdp, model.state_dict() is this rank's "
+                             f"shard)", hint="return fsdp_mini.full_state_dict(model): every "
+                             "rank calls it, every rank gets the whole weights")
+                return False
         diff = {k: (v - states[0][k]).abs().max().item() for k, v in other.items()}
         name = max(diff, key=diff.get)
         if diff[name] > 0:
@@ -198,14 +247,23 @@ MISTAKES = [  # (what the mistake replays, what to say), tried in order when par
     ({"scale": "N"}, ("the gradients are N times too large: the sum over ranks was not divided by "
                      "the world size"), "divide the all-reduced gradient by world_size"),
     ({"clip": None}, "the gradients were not clipped", (f"clip by the global norm: "
-                                                       f"fsdp_mini.clip_grad_norm_(model, {MAX_NORM})")),
+                                                       f"fsdp_mini.clip_grad_norm_(model, {MAX_NORM}), "
+                                                       f"between backward() and optimizer.step()")),
     ({"scale": "1/N", "clip": None}, ("not clipped, and the gradients are N times too small (a "
                                      "loss divided by the world size)"),
      "the plain mean loss, and fsdp_mini.clip_grad_norm_(model, max_norm)"),
+    ({"clip": "/N"}, ("clipped at max_norm / N: the norm fsdp_mini.clip_grad_norm_ computes is "
+                     "global already (over every rank's shard), so dividing max_norm by the "
+                     "world size clips N times too hard"),
+     f"fsdp_mini.clip_grad_norm_(model, {MAX_NORM}): the same max_norm as one process"),
+    ({"scale": "1/N", "clip": "/N"}, ("clipped at max_norm / N, and the loss divided by N: the "
+                                     "norm is global already and the gradients are averaged "
+                                     "already; neither needs a /N"),
+     f"the plain mean loss, and fsdp_mini.clip_grad_norm_(model, {MAX_NORM})"),
 ]
 
 
-def _judge_parity(result: CheckResult, got: dict, world_size: int, clip) -> None:
+def _judge_parity(result: CheckResult, got: dict, world_size: int, clip, rows=None) -> None:
     want = one_process(clip=clip)
     error = relative_difference(got, want)
     if error <= TOL:
@@ -217,19 +275,60 @@ def _judge_parity(result: CheckResult, got: dict, world_size: int, clip) -> None
         if "clip" in change and clip is None:
             continue
         scale = {"1/N": 1 / world_size, "N": world_size}.get(change.get("scale"), 1.0)
+        clipped = change.get("clip", clip)
+        clipped = clip / world_size if clipped == "/N" else clipped
+        if world_size == 1 and "clip" in change and clipped == clip:
+            continue  # Note: on one rank max_norm / N is max_norm: nothing to tell apart
         replay = one_process(world_size=world_size, rows=change.get("rows", "own"), scale=scale,
-                             clip=change.get("clip", clip))
+                             clip=clipped)
         if relative_difference(got, replay) <= TOL:
             said = said.replace("N times", f"{world_size} times (N = {world_size})")
             result.wrong(f"the weights differ from one-process training by {error:.2g} "
                          f"(relative): {said}", hint=hint)
             return
+    if rows and (wrong := _wrong_rows(rows, world_size)):
+        result.wrong(f"the weights differ from one-process training by {error:.2g} (relative): "
+                     f"{wrong}", hint="split the step's 12 rows: rank r takes rows [r·n, (r+1)·n), "
+                     "disjoint, together the whole batch once (debug_batch(step, rank, "
+                     "world_size)); anything random about the rows takes one seed on every rank")
+        return
     result.wrong(f"the weights differ from one-process training by {error:.2g} (relative)",
                  hint="train on this rank's rows, average the gradients once, step the same "
                       "optimizer on every rank")
 
 
-def _check(what: str, fn, clip=None, world_size: int = 2) -> CheckResult:
+def _wrong_rows(rows: list, world_size: int) -> str:
+    """What is wrong with the rows the ranks' nets were fed (``rows[rank][step]``), or ""."""
+    total = len(debug_batch(0)[0])
+    for step in range(min(len(r) for r in rows)):
+        took = [r[step] for r in rows]
+        if any(i is None for t in took for i in t):
+            return ""  # Note: rows of the learner's own making: nothing to compare
+        seen = sorted(i for t in took for i in t)
+        if seen == list(range(total)):
+            continue
+        said = "; ".join(f"rank {r} rows {t}" for r, t in enumerate(took))
+        own = [list(range(r * (total // world_size), (r + 1) * (total // world_size)))
+               for r in range(world_size)]
+        random = not any(t in own for t in took) and any(
+            t != list(range(t[0], t[0] + len(t))) for t in took if t)   # not a slice of rows
+        if world_size > 1 and all(sorted(t) == sorted(took[0]) for t in took):
+            return (f"every rank trained on the same rows at step {step} ({said})"
+                    + (": the same random rows on every rank (the same seed draws the same rows)"
+                       if random else "")
+                    + "; the other rows of the step were never seen")
+        missing = sorted(set(range(total)) - set(seen))
+        twice = sorted({i for i in seen if seen.count(i) > 1})
+        return (f"the ranks' rows at step {step} are not the whole batch once ({said})"
+                + (f"; rows {twice} were used more than once (the ranks' rows overlap)" if twice else "")
+                + (f"; rows {missing} were never seen" if missing else "")
+                + (": each rank drew its own random rows, so they overlap and miss some"
+                   if random and (twice or missing) else
+                   ": a slice end off by one?" if not random else ""))
+    return ""
+
+
+def _check(what: str, fn, clip=None, world_size: int = 2, logs: bool = False) -> CheckResult:
     if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= 12 \
             or 12 % world_size:
         raise ValueError(f"world_size must split the debug batch's 12 rows evenly (1, 2, 3, 4, "
@@ -239,7 +338,12 @@ def _check(what: str, fn, clip=None, world_size: int = 2) -> CheckResult:
         return result.wrong("not written yet", hint="write the function's body, run the cell, "
                                                     "then this check").finish()
     runs = _launch(result, fn, world_size)
-    return result.finish() if runs is None else _judge(result, runs, clip).finish()
+    if runs is None:
+        return result.finish()
+    _judge(result, runs, clip)
+    if logs and result.passed:
+        _judge_logs(result, runs)
+    return result.finish()
 
 
 def _judge(result: CheckResult, runs: list[dict], clip=None) -> CheckResult:
@@ -264,8 +368,41 @@ def _judge(result: CheckResult, runs: list[dict], clip=None) -> CheckResult:
     if _ranks_agree(result, [r["after"] for r in runs], f"after {DEBUG_STEPS} steps",
                     hint="every rank must apply the same averaged gradient"):
         result.ok(f"the {world_size} ranks hold the same weights after {DEBUG_STEPS} steps")
-        _judge_parity(result, runs[0]["after"], world_size, clip)
+        _judge_parity(result, runs[0]["after"], world_size, clip,
+                      rows=[r.get("rows") for r in runs])
     return result
+
+
+_LOGGED = re.compile(r"step\s*(\d+).*?\|w\|\s*=?\s*(-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)")
+
+
+def _judge_logs(result: CheckResult, runs: list[dict]) -> None:
+    """Exercise 2's logging: rank 0 prints |w| (the norm of the whole '0.weight') every step,
+    no other rank prints it."""
+    others = [r for r, run in enumerate(runs) if r and _LOGGED.search(run["printed"])]
+    logged = [(int(a), float(b)) for a, b in _LOGGED.findall(runs[0]["printed"])]
+    if others:
+        result.wrong(f"rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} "
+                     f"printed |w| too: every rank gathers, but only rank 0 prints",
+                     hint="keep `if rank == 0:` around the print (and only the print)")
+        return
+    if len(logged) < DEBUG_STEPS:
+        result.wrong(f"rank 0 printed |w| {len(logged)} times in {DEBUG_STEPS} steps: the fix "
+                     f"must keep the logging, not remove it",
+                     hint="every rank calls fsdp_mini.full_state_dict(model); rank 0 prints")
+        return
+    for step, norm in logged[:DEBUG_STEPS]:
+        whole = [float(one_process(steps=k)["0.weight"].norm()) for k in (step + 1, step)]
+        if not any(abs(norm - w) <= 1e-3 * max(1.0, w) for w in whole):
+            result.wrong(f"rank 0 printed |w| {norm:.4f} at step {step}, but the whole "
+                         f"'0.weight' has norm {whole[0]:.4f} on {len(runs)} ranks: what rank 0 "
+                         f"logged is its shard, not the whole weight (under fsdp, "
+                         f"model.state_dict() and the parameters hold this rank's shard)",
+                         hint="weights = fsdp_mini.full_state_dict(model) on every rank (a "
+                              "collective), then print from rank 0")
+            return
+    result.ok(f"rank 0 alone logged |w| every step, the norm of the whole '0.weight' "
+              f"({logged[-1][1]:.4f} at step {logged[-1][0]})")
 
 
 def check_parity(fn, world_size: int = 2, clip=None) -> CheckResult:
@@ -279,9 +416,16 @@ def check_seeds_and_data(fn) -> CheckResult:
     return _check("exercise 1: seeds and data", fn)
 
 
+HANG_RANKS = 3  # exercise 2 runs on 3 ranks: rank 0's shard of '0.weight' (20 of its 28
+#                elements) is not the whole weight there, as it is on 2 ranks (all 28)
+
+
 def check_no_hang(fn) -> CheckResult:
-    """Exercise 2: finishes within the checker's timeouts, and trains like one process."""
-    return _check("exercise 2: the hang", fn)
+    """Exercise 2: finishes within the checker's timeouts, trains like one process, and rank 0
+    alone logs the norm of the whole '0.weight' every step (on 3 ranks, where a shard of it is
+    not the whole of it)."""
+    return _check(f"exercise 2: the hang (on {HANG_RANKS} ranks)", fn, world_size=HANG_RANKS,
+                  logs=True)
 
 
 def check_clipping(fn) -> CheckResult:
