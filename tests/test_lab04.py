@@ -8,6 +8,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
 from fsdp_mini import labs
 from fsdp_mini.telemetry import load_events
@@ -79,3 +80,10 @@ def test_the_notebook_says_which_exercise_fell_back_and_why_times_are_not_compar
     text = "\n".join(c.source for c in nb.cells)
     assert "labs.who_ran(zero1_check.passed, zero2_check.passed)" in text
     assert "differences are mostly noise" in text and "self.shard.grad = the elements" in text
+
+
+def test_the_checkers_data_splits_over_any_world_size_the_lab_runs_at():
+    from fsdp_mini.labs.checking import batch, rows_for
+    assert [rows_for(n) for n in (1, 2, 3, 4, 6, 8, 16)] == [12, 12, 12, 12, 12, 24, 48]
+    whole = batch(0, 0, 1, rows_for(8))[0]
+    assert torch.equal(torch.cat([batch(0, r, 8, rows_for(8))[0] for r in range(8)]), whole)

@@ -54,6 +54,7 @@ class FSDPUnit:
             self.full = torch.empty_like(values)
         self.full.untyped_storage().resize_(0)
         self.phase, self._saved, self._in_backward = "forward", None, False
+        self._pending = []  # handles of collectives the learner issued with async_op=True
         self._point_at(self.pieces.params)
         module.register_forward_pre_hook(self._pre_forward)
         module.register_forward_hook(self._post_forward)
@@ -103,9 +104,21 @@ class FSDPUnit:
             for module, attr in slot.owners:
                 module._parameters[attr] = t  # Note: a view is no nn.Parameter; setattr refuses
 
+    def _check_waited(self, where: str) -> None:
+        """Raise before anything reads a collective's output that was never waited for."""
+        left = [h for h in self._pending if not h.done]
+        self._pending.clear()
+        if left:
+            r = left[0]._record
+            raise RuntimeError(f"unit {self.name!r}: your {r.op} was issued with async_op=True "
+                               f"and never waited ({where}): its output would be read before the "
+                               f"collective wrote it. Call .wait() on the handle it returns (or "
+                               f"issue it without async_op)")
+
     def _pre_forward(self, module, args) -> None:
         self.phase = "forward"
         self.pre_forward()
+        self._check_waited("in unshard, before the forward")
         full = getattr(self, "full", None)
         if full is None or full.numel() != self.padded_numel:
             raise RuntimeError(f"unit {self.name!r}: after unshard, self.full must still be the "
@@ -147,6 +160,7 @@ class FSDPUnit:
         self._in_backward, self.phase = True, "backward"
         self.fsdp.queue_backward_end()
         self.pre_backward()
+        self._check_waited("in pre_backward, before the backward")
         saved = self._saved()
         if saved is not None and saved.nbytes() < self.padded_bytes:
             elsewhere = self.is_gathered and self.full.untyped_storage()._cdata != saved._cdata
@@ -162,10 +176,18 @@ class FSDPUnit:
 
     def _post_backward(self, flat_grad) -> None:
         grad = self.post_backward(flat_grad)
+        self._check_waited("in the gradient's reduction, before its shard is used")
+        if grad is None:
+            raise RuntimeError(f"unit {self.name!r}: the gradient reduction returned nothing "
+                               f"(None): return this rank's averaged shard, a tensor of "
+                               f"{self.shard.numel()} elements")
         if not isinstance(grad, torch.Tensor) or grad.numel() != self.shard.numel():
             raise RuntimeError(f"unit {self.name!r}: the gradient shard should have "
                                f"{self.shard.numel()} elements (padded_numel / N), got "
                                f"{getattr(grad, 'shape', type(grad).__name__)}")
+        if grad.untyped_storage().data_ptr() == flat_grad.untyped_storage().data_ptr():
+            # Note: a view of the unit's whole gradient; it keeps all of it alive (for the checker)
+            self.fsdp.grad_views.append((self.name, flat_grad.numel() * flat_grad.element_size()))
         self.pieces.add_grads(grad.reshape(-1), [])
         self.fsdp.mark(self.name, "backward_done")
 
@@ -181,11 +203,16 @@ class _Roomy:
 
     def all_gather(self, output, shard, label, async_op=False):
         self._check_room(output, "all_gather")
-        return self._comm.all_gather(output, shard, label, async_op)
+        return self._kept(self._comm.all_gather(output, shard, label, async_op))
 
     def reduce_scatter(self, output, full, label, async_op=False):
         self._check_room(output, "reduce_scatter")
-        return self._comm.reduce_scatter(output, full, label, async_op)
+        return self._kept(self._comm.reduce_scatter(output, full, label, async_op))
+
+    def _kept(self, handle):
+        if handle is not None:  # async_op=True: the scaffold checks it is waited for
+            self._unit._pending.append(handle)
+        return handle
 
     def _check_room(self, t: torch.Tensor, op: str) -> None:
         if t.untyped_storage().nbytes() < (t.storage_offset() + t.numel()) * t.element_size():
@@ -245,6 +272,7 @@ class FSDPScaffold(Strategy):
         names = check_units(module, list(units))
         slots = assign_slots(module, names)
         self.notes: list[tuple] = []  # what the scaffolding saw your methods do, for the checker
+        self.grad_views: list[tuple] = []  # units whose gradient shard was a view of flat_grad
         self._queued = False
         self.units = [self.unit_class(self, m, names.get(id(m), "root"), slots[id(m)], m is module)
                       for m in list(units) + [module]]

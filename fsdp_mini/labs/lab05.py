@@ -16,6 +16,7 @@ emptied storage crashes the process, it does not raise.
 
 from __future__ import annotations
 
+import re
 import traceback
 
 import torch
@@ -23,8 +24,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..ledger import ring_bytes
-from .checking import (OPTIMIZERS, compare_states, missing_methods, reference, run_ranks,
-                       train_states, unwritten, where)
+from .checking import (OPTIMIZERS, compare_states, missing_methods, reference, rows_for,
+                       run_ranks, train_states, unwritten, where)
 from .fsdp_scaffold import FSDPScaffold, FSDPUnit
 from .report import CheckResult
 
@@ -88,7 +89,8 @@ def _fsdp_run(rank, world_size, unit_cls, kinds=("mine", "kit"), optimizers=tupl
                                    net.middle], optimizer=OPTIMIZERS[name],
                                    check_collectives=kind == "mine")
             first = net.fsdp_mini.comm.ledger.next_step()
-            states = train_states(net, opt, rank, world_size)
+            tracked = [] if kind == "mine" else None   # the last step, as the lab measures it
+            states = train_states(net, opt, rank, world_size, rows_for(world_size), tracked)
             records = [r for r in net.fsdp_mini.comm.ledger.records
                        if r.step > first and r.phase != "state_dict"]
             last = max(r.step for r in records)  # Note: step `first` holds the first forward only
@@ -96,6 +98,11 @@ def _fsdp_run(rank, world_size, unit_cls, kinds=("mine", "kit"), optimizers=tupl
                                "ops": [(r.op, r.payload_bytes, r.sent_bytes) for r in records
                                        if r.step == last], "expected": expected_costs(net)}
             if kind == "mine":
+                out[kind, name].update(
+                    memory=next(m.by_category for m in tracked[0].snapshots
+                                if m.label == "after_step"),
+                    grad_views=list(dict.fromkeys(net.fsdp_mini.grad_views)),
+                    padded=net.fsdp_mini.padded_numel(), element_size=net.fsdp_mini.element_size())
                 out["units"] = {u.name: u.padded_bytes for u in net.fsdp_mini.units}
     return out
 
@@ -108,22 +115,30 @@ def _check_fsdp(result, unit_cls, world_size, reduce_fn=None) -> CheckResult:
         _judge_schedule(result, _fsdp_run(0, 1, unit_cls, ("mine",), ("SGD+momentum",)), world_size)
     except Exception as e:  # noqa: BLE001  (the learner's code: any error is a ✘ line)
         result.wrong(f"{type(e).__name__}: {e}" + where(traceback.format_exc()))
-    if not result.passed or (runs := run_ranks(result, _fsdp_run, world_size, unit_cls)) is None:
+    if not result.passed or (runs := run_ranks(result, _fsdp_run, world_size, unit_cls,
+                                               explain=_explain_error)) is None:
         return result.finish()
+    reduced = any(op in ("all_reduce", "reduce_scatter") for op, _, _ in runs[0]["mine", "AdamW"]["ops"])
     init = UnitNet().state_dict()
-    for name, ref in reference(UnitNet).items():
+    for name, ref in reference(UnitNet, rows_for(world_size)).items():
         states = [r["mine", name]["states"] for r in runs]
-        if compare_states(result, name, states, ref, init):
+        if compare_states(result, name, states, ref, init, guess=reduced):
             kit = runs[0]["kit", name]["states"][-1]
             diff = max((states[0][-1][k] - v).abs().max().item() for k, v in kit.items())
             result.check(diff < 1e-5, f"{name}: the same weights as the kit's fsdp (largest "
                          f"difference {diff:.1e})", f"{name}: differs from the kit's fsdp by {diff:.2g}")
+    _judge_memory(result, runs[0]["mine", "AdamW"], world_size)
     mine = runs[0]["mine", "SGD+momentum"]
     ops = {}
     for op, _, sent in mine["ops"]:
         ops[op] = ops.get(op, 0.0) + sent
     said, want = ", ".join(f"{op} {b:.0f} B" for op, b in ops.items()), mine["expected"]
-    if reduce_fn is not None and "all_reduce" in ops:
+    if reduce_fn is not None and not {"all_reduce", "reduce_scatter"} & set(ops):
+        result.wrong(f"bytes sent per rank per step: {said}: the gradients were never averaged over "
+                     f"the ranks, so each rank stepped on its own batch's gradient",
+                     hint="reduce-scatter flat_grad into a new tensor of this rank's shard, then "
+                          "divide it by N")
+    elif reduce_fn is not None and "all_reduce" in ops:
         result.wrong(f"bytes sent per rank per step: {said}: the gradient was all-reduced (2Ψ)",
                      hint="each rank keeps only its shard: one reduce-scatter (Ψ) gives just that")
     else:
@@ -132,6 +147,36 @@ def _check_fsdp(result, unit_cls, world_size, reduce_fn=None) -> CheckResult:
                      f"per rank per step: {said}; the formula says {want['sent_bytes_per_step']:.0f} B")
     result.facts.update(sent=ops, expected=want, units=runs[0]["units"])
     return result.finish()
+
+
+def _explain_error(message: str, frame) -> str | None:
+    """The sentence naming a mistake behind an error a rank raised, or None."""
+    sizes = re.search(r"reduce_scatter: the full tensor has (\d+) elements but \d+ shards of (\d+)",
+                      message)
+    if sizes and sizes[1] == sizes[2]:
+        return (f"the output of the reduce-scatter has the whole unit's {sizes[1]} elements, not "
+                f"flat_grad.numel() // N: each rank gets only its 1/N slice of the sum")
+    return None
+
+
+def _judge_memory(result, run: dict, n: int) -> None:
+    """After the step: a gradient shard only (4Ψ/N), and the model state of the formula, 16Ψ/N."""
+    mem, es, padded = run["memory"], run["element_size"], run["padded"]
+    grads, want_grads = mem["grads"], es * padded / n
+    if run["grad_views"] or grads > want_grads + 64:
+        units = ", ".join(repr(u) for u, _ in run["grad_views"])
+        why = (f": the shard returned for unit(s) {units} is a slice (a view) of flat_grad, and a "
+               f"view keeps the unit's whole gradient alive" if units else "")
+        result.wrong(f"gradients kept after the step: {grads} B per rank, but FSDP keeps only this "
+                     f"rank's shard, 4Ψ/N = {want_grads:.0f} B{why}", hint="return a new tensor "
+                     "of flat_grad.numel() // N elements (reduce-scatter into torch.empty(...)), "
+                     "so flat_grad is freed when the unit's backward is done")
+        return
+    state = mem["params"] + grads + mem["optimizer_state"]
+    want = run["expected"]["persistent_bytes"]
+    result.check(abs(state - want) <= 64 * 3, f"model state per rank after the step: {state} B, "
+                 f"the formula 16Ψ/N says {want:.0f} B", f"model state per rank after the step: "
+                 f"{state} B, but the formula 16Ψ/N says {want:.0f} B")
 
 
 def _judge_schedule(result, probe: dict, world_size: int) -> None:
