@@ -61,6 +61,13 @@ def _judge_port(result: CheckResult, case: str, run: dict, fp32: dict) -> bool:
                      "it (and it would make all the blocks one unit)", hint="wrap each block: "
                      "`for block in model.blocks: fully_shard(block)`, then fully_shard(model)")
         return False
+    if "error" in run and run.get("root_first"):
+        result.wrong(f"port_to_fsdp2(model{asked}) raised {run['error']}: you wrapped the root "
+                     f"before the blocks; fully_shard(model) takes every parameter not yet in a "
+                     f"unit, the blocks' too, so a block cannot become a unit after it",
+                     hint="the blocks first (`for block in model.blocks: fully_shard(block)`), "
+                     "then fully_shard(model), as fsdp_mini's units=list(model.blocks)")
+        return False
     if "error" in run:
         result.wrong(f"port_to_fsdp2(model{asked}) raised {run['error']}")
         return False
@@ -81,6 +88,13 @@ def _judge_port(result: CheckResult, case: str, run: dict, fp32: dict) -> bool:
                      "gradients are never averaged", hint="after the blocks, call "
                      "fully_shard(model) once, on the whole model (fsdp_mini's root unit)")
         return False
+    if not all(blocks) and run["gathers"] > run["want_gathers"]:
+        result.wrong(f"{sum(blocks)} of the {n} blocks are units, and the units are smaller than "
+                     f"the blocks ({_gathers(run['gathers'])} per step instead of "
+                     f"{run['want_gathers']}): more, smaller collectives than fsdp_mini's units, "
+                     f"each paying its latency", hint="one unit per block: `for block in "
+                     "model.blocks: fully_shard(block)`, then fully_shard(model)")
+        return False
     if not all(blocks):
         result.wrong(f"{sum(blocks)} of the {n} blocks are units: the rest of the model is one "
                      f"unit, gathered whole ({_gathers(run['gathers'])} per step instead of "
@@ -94,6 +108,14 @@ def _judge_port(result: CheckResult, case: str, run: dict, fp32: dict) -> bool:
                      f"DTensor parameter, so optimizer.step() never changes the model",
                      hint="build the optimizer after the fully_shard calls, from model.parameters()")
         return False
+    if run.get("optimizer", "AdamW") != "AdamW":
+        result.wrong(f"the optimizer is {run['optimizer']}: fsdp_mini's fsdp, the run to match, "
+                     f"trains with AdamW", hint="torch.optim.AdamW(model.parameters(), lr=lr)")
+        return False
+    if run.get("lr", 1e-3) != 1e-3:
+        result.wrong(f"the optimizer's lr is {run['lr']:g}, not the lr argument (1e-3 here): the "
+                     f"learning rate is hard-coded", hint="AdamW(model.parameters(), lr=lr)")
+        return False
     if "train_error" in run:
         mixed = "same dtype" in run["train_error"] and case != "fp32"
         result.wrong(f"{case}: training raised {run['train_error']}" + (
@@ -101,6 +123,16 @@ def _judge_port(result: CheckResult, case: str, run: dict, fp32: dict) -> bool:
             "calls only: the root casts its inputs to bf16, a unit without the policy keeps fp32 "
             "weights)" if mixed else ""), hint="give every fully_shard call the same mp_policy"
             if mixed else "the line above says which; fix it and run the check again")
+        return False
+    if run["gathers"] != run["want_gathers"]:
+        kept = run["gathers"] < run["want_gathers"]
+        result.wrong(f"{case}: {_gathers(run['gathers'])} per step instead of fsdp_mini's "
+                     f"{run['want_gathers']}" + (
+                         ": the blocks are not gathered again in backward "
+                         "(reshard_after_forward=False keeps every block whole from its forward to "
+                         "its backward: the memory FSDP saves is spent)" if kept else ""),
+                     hint="fully_shard(block) with its default reshard_after_forward=True, as "
+                     "fsdp_mini's units free each block after its forward")
         return False
     result.ok(f"{case}: {units} units ({n} blocks + the root), {run['gathers']} all-gathers per "
               f"step as fsdp_mini's fsdp; the optimizer holds the {run['params']} sharded "
@@ -155,7 +187,9 @@ def _port_run(rank, world_size, fn):
             got = fn(net) if dtype is None else fn(net, param_dtype=dtype)
         except Exception as e:  # noqa: BLE001  (the learner's code: any error is a ✘ line)
             first = (str(e).strip().splitlines() or [""])[0][:300]
-            out[case] = {"error": f"{type(e).__name__}: {first}{where(traceback.format_exc())}"}
+            out[case] = {"error": f"{type(e).__name__}: {first}{where(traceback.format_exc())}",
+                         "root_first": isinstance(net, FSDPModule)
+                         and not any(isinstance(b, FSDPModule) for b in blocks)}
             break
         if not (isinstance(got, tuple) and len(got) == 2):
             out[case] = {"returned": type(got).__name__}
@@ -168,6 +202,8 @@ def _port_run(rank, world_size, fn):
         live = {id(p) for p in model.parameters()}
         held = [p for g in opt.param_groups for p in g["params"]]
         run["stale"], run["params"] = sum(id(p) not in live for p in held), len(held)
+        run["optimizer"] = type(opt).__name__
+        run["lr"] = float(opt.param_groups[0].get("lr", 1e-3)) if opt.param_groups else 1e-3
         seen = []
         linear = next(m for m in blocks[0].modules() if isinstance(m, torch.nn.Linear))
         hook = linear.register_forward_pre_hook(partial(_note_dtype, seen))
