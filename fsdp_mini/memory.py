@@ -75,6 +75,8 @@ class Snapshot:
     total_bytes: int
     by_category: dict[str, int]
     cuda: dict[str, int] = field(default_factory=dict)  # the allocator's figures, on GPUs
+    own_peak_bytes: int = 0  # the tracker's own peak so far: the mark that raised it ends the
+    #                          phase where the peak happened (the peak falls between two marks)
 
 
 @dataclass
@@ -112,7 +114,7 @@ class MemoryTracker:
             return None
         self._classify_sources()
         snap = Snapshot(label, time.time(), self.current_bytes, dict(self.by_category),
-                        cuda_figures())
+                        cuda_figures(), self.own_peak_bytes)
         self.snapshots.append(snap)
         return snap
 

@@ -21,8 +21,8 @@ from ..telemetry.units import fmt_bytes
 from .exercise import not_written_yet
 from .report import CheckResult
 
-__all__ = ["OPTIMIZERS", "check_peak_predictor", "draw_timeline", "make_optimizer",
-           "measure_step", "snapshot_table"]
+__all__ = ["OPTIMIZERS", "at_peak_named", "check_peak_predictor", "draw_timeline",
+           "make_optimizer", "measure_step", "peak_phase", "snapshot_table"]
 
 OPTIMIZERS = ("sgd", "momentum", "adam")  # no state; one buffer; two moments per parameter
 PHASES = ("start", "forward", "backward", "step", "zero_grad")  # the marks of measure_step
@@ -96,6 +96,40 @@ def measure_step(config: GPTConfig, batch_size: int, seq_len: int | None = None,
     return mem
 
 
+# What the catch-all category "activations" holds, by the phase it is read in: in forward and
+# backward what autograd saved (and backward's temporaries); in optimizer.step() only the step's
+# own temporaries (the activations are freed by then); after zero_grad, the loss alone.
+HELD_IN = {"forward": "activations (saved for backward)",
+           "backward": "activations and backward's temporaries",
+           "step": "temporaries of optimizer.step()", "zero_grad": "activations", "start": "activations"}
+
+
+def _phase_of(label: str) -> str:
+    """The phase a mark ends: "1: step" -> "step", "· grad wte.weight" -> "backward"."""
+    name = label.split(":", 1)[-1].strip()
+    if "zero_grad" in name:
+        return "zero_grad"
+    for phase, words in (("step", ("step",)), ("backward", ("backward", "grad")),
+                         ("forward", ("forward",)), ("start", ("start",))):
+        if any(w in name for w in words):
+            return phase
+    return name
+
+
+def peak_phase(mem: MemoryTracker) -> str:
+    """The phase in which the step's peak happened: "forward", "backward", "step"... — the one
+    ended by the first mark at which the tracker's peak had reached its final value."""
+    mark = next((s.label for s in mem.snapshots if s.own_peak_bytes >= mem.own_peak_bytes), None)
+    return "after the last mark" if mark is None else _phase_of(mark)
+
+
+def at_peak_named(mem: MemoryTracker) -> dict[str, int]:
+    """``mem.at_peak`` with the catch-all "activations" named for what it holds at the peak: in
+    ``optimizer.step()`` those bytes are the step's temporaries, not activations."""
+    held = HELD_IN.get(peak_phase(mem), "activations, temporaries")
+    return {(held if c == "activations" else c): b for c, b in mem.at_peak.items() if b}
+
+
 def snapshot_table(snapshots) -> str:
     """The snapshots of a tracker as a text table: one row per mark, one column per category."""
     cats = ("params", "grads", "optimizer_state", "activations")
@@ -122,11 +156,16 @@ def draw_timeline(mem: MemoryTracker, title: str = "", ax=None):
     for cat in CATEGORIES:
         heights = [s.by_category.get(cat, 0) for s in snaps]
         if any(heights):
+            # Note: at a mark the step's temporaries are already freed: the bars' "activations"
+            # are what forward saved (and backward's temporaries), never the step's
+            name = ("activations (saved), backward's temporaries" if cat == "activations"
+                    else CATEGORY_NAMES[cat])
             ax.bar(range(len(snaps)), heights, bottom=bottom, width=0.85,
-                   color=CATEGORY_COLORS[cat], label=CATEGORY_NAMES[cat])
+                   color=CATEGORY_COLORS[cat], label=name)
             bottom = [b + h for b, h in zip(bottom, heights)]
+    phase = peak_phase(mem)
     ax.axhline(mem.own_peak_bytes, color="black", ls="--", lw=1,
-               label=f"peak (also between marks): {fmt_bytes(mem.own_peak_bytes)}")
+               label=f"peak, in {phase} (between marks): {fmt_bytes(mem.own_peak_bytes)}")
     ticks = [(i, s.label) for i, s in enumerate(snaps) if not s.label.startswith("· ")]
     crowded = len(ticks) > 6 and len(ticks) == len(snaps)
     ax.set_xticks([i for i, _ in ticks], [label for _, label in ticks], fontsize=8,
@@ -167,6 +206,9 @@ _PATTERNS = (  # (bytes per parameter for sgd, momentum, adam), what went wrong,
     ((16, 16, 16), "you counted Adam's state for every optimizer: plain SGD keeps none",
      "did your function ignore its optimizer argument?"),
     ((0, 4, 8), "you counted only the optimizer state", "add the parameters and the gradients"),
+    ((8, 12, 20), "you counted an fp32 master copy of the weights for Adam: that belongs to "
+     "mixed precision (bf16 weights, fp32 master); in this fp32 step the parameters are the "
+     "master", "Adam here: parameters 4 B + gradients 4 B + m and v 8 B = 16 B"),
     ((12, 16, 20), "you counted one 4-byte copy per parameter too many",
      "parameters 4 B + gradients 4 B + optimizer state (0, 4 or 8 B)"),
 )
