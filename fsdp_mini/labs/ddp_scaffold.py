@@ -28,8 +28,13 @@ class _Watch:
         return getattr(self._comm, name)
 
     def all_reduce(self, tensor, label="all_reduce", async_op=False, op="sum"):
-        weights = any(p.data_ptr() == tensor.data_ptr() for p in self._strategy.module.parameters())
-        note = {"weights": weights, "waited": not async_op, "async": async_op, "hidden": async_op,
+        params = list(self._strategy.module.parameters())
+        weights = any(p.data_ptr() == tensor.data_ptr() for p in params)
+        # Note: a gradient, or a view of one: what all_reduce changes in place is then .grad
+        of_grad = any(p.grad is not None and p.grad.untyped_storage().data_ptr()
+                      == tensor.untyped_storage().data_ptr() for p in params)
+        note = {"weights": weights, "of_grad": of_grad, "waited": not async_op, "async": async_op,
+                "hidden": async_op,
                 "step": self.step, "tick": self.ticks, **self._strategy.launch_note(tensor)}
         self.notes.append(note)
         handle = self._comm.all_reduce(tensor, label, async_op=async_op, op=op)

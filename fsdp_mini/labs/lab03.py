@@ -105,8 +105,11 @@ def _judge(result, ranks, world_size, ref) -> None:
     if any(n["weights"] for run in runs for n in run[SGD]["notes"] if n["step"] > 0):
         result.wrong("you all-reduced the weights, not the gradients",
                      hint="the hook receives the parameter; its gradient is param.grad")
+    k = runs[0][SGD]["buckets"]  # Note: 0 for the DDP exercise
+    all_out = [sum(n["step"] == s + 1 for n in runs[0][SGD]["notes"]) == k > 0
+               for s in range(CHECK_STEPS)]
     scaled = _judge_grads(result, [run[SGD]["grads"] for run in runs], world_size,
-                          ref[SGD]["grads"])
+                          ref[SGD]["grads"], all_out)
     for opt_name in OPTIMIZERS:
         e = max(_rel(run[opt_name]["state"], ref[opt_name]["state"]) for run in runs)
         result.check(e <= 1e-5, f"after {CHECK_STEPS} steps of {opt_name} the weights match "
@@ -130,7 +133,7 @@ def _judge(result, ranks, world_size, ref) -> None:
     result.facts.update(sent_per_step=sent, expected=expected)
 
 
-def _judge_grads(result, grads, world_size, g_ref) -> bool:
+def _judge_grads(result, grads, world_size, g_ref, buckets_all_out=()) -> bool:
     """Each step's gradients (``grads[rank][step]``) against one process's; True when the fault
     is the scale (2 ranks, the sum not divided: "gradients are 2.00x too large")."""
     errs = [max(_rel(g[s], want) for g in grads) for s, want in enumerate(g_ref)]
@@ -143,7 +146,12 @@ def _judge_grads(result, grads, world_size, g_ref) -> bool:
     spread, ratio = max(_rel(g, mine[0]) for g in mine), float("nan") if errs[s] == float(
         "inf") else float(_vec(mine[0], want) @ _vec(want, want) / _vec(want, want).norm() ** 2)
     scaled = spread <= 1e-6 and min(abs(ratio / world_size - 1), abs(ratio * world_size - 1)) < .01
-    if spread > 1e-6:
+    if spread > 1e-6 and s < len(buckets_all_out) and buckets_all_out[s]:
+        result.wrong(f"after the backward{when}, the ranks hold different gradients (they differ "
+                     f"by {spread:.1%}): they were not averaged over the ranks, though every "
+                     f"bucket was all-reduced", hint="the flat tensor torch.cat made is a copy: "
+                     "after the wait and the division, copy it back into each p.grad")
+    elif spread > 1e-6:
         result.wrong(f"after the backward{when}, the ranks hold different gradients (they differ "
                      f"by {spread:.1%}): they were not averaged over the ranks",
                      hint="all-reduce param.grad (the sum over ranks), then divide it by N")
@@ -236,7 +244,23 @@ def _check_many(items, world_size, timeout, make, stubs, what, solution, torch_d
     return results
 
 
+def _judge_ddp_calls(result, ranks) -> None:
+    """What the hooks handed to all_reduce: a copy of the gradient, a handle never waited for."""
+    notes = [n for out in ranks for n in out["runs"][SGD]["notes"] if n["step"] > 0]
+    if any(not n["weights"] and not n.get("of_grad", True) for n in notes):
+        result.wrong("you all-reduced a copy of the gradient (param.grad.clone(), or a new "
+                     "tensor): all_reduce works in place on the tensor you pass, so the copy got "
+                     "the sum and param.grad kept this rank's own gradient",
+                     hint="comm.all_reduce(param.grad, label='grad'), then divide param.grad")
+    if any(n["async"] and not n["waited"] for n in notes):
+        result.wrong("you called comm.all_reduce(..., async_op=True) and never waited for its "
+                     "handle: the division and the optimizer may read param.grad before the sum "
+                     "has arrived", hint="in the hook leave async_op out (or keep the handle and "
+                     "call handle.wait() before using param.grad)")
+
+
 DDP = {"make": lambda pair: ddp_strategy(pair[0]), "what": "your DDP (wrap_ddp + average_gradient)",
+       "judge_first": _judge_ddp_calls,
        "stubs": lambda pair: [f.__name__ for f in pair if f and not_written_yet(f)],
        "solution": "03_ddp_hooks", "torch_ddp": True, "hang_hint": "a rank waits in an "
        "all-reduce another rank never makes: did a rank skip the all-reduce of a parameter?",
