@@ -101,14 +101,18 @@ MISTAKES = {
                  "solve C_f + L_f + B_f/b = (1+m)(C_d + L_d + B_d/b) for b"),
 }
 
-# (Ψ, N, units, C seconds, α µs, margin): a laptop GPT, a tiny one, a large job, a latency-bound one
+# (Ψ, N, units, C seconds, α µs, margin): a laptop GPT, a tiny one, a large job, a latency-bound
+# one; then the two calls the lab makes after the check: its own GPT (5 units, margin 0.2, with a
+# compute of the order section 3 measures) and the 7B job of section 4
 SCENARIOS = [(3.2e6, 4, 4, 0.2, 50.0, 0.1), (30e3, 2, 2, 0.01, 50.0, 0.1),
-             (1e9, 8, 32, 2.0, 10.0, 0.05), (1e8, 16, 48, 0.5, 20.0, 0.1)]
+             (1e9, 8, 32, 2.0, 10.0, 0.05), (1e8, 16, 48, 0.5, 20.0, 0.1),
+             (3.2e6, 4, 5, 0.02, 50.0, 0.2), (7e9, 64, 64, 2.0, 10.0, 0.10)]
 
 
 def check_predict_crossover(fn) -> CheckResult:
     """Your ``predict_crossover(psi, world_size, units, compute_s, latency_us, margin)`` against
-    :func:`alpha_beta_crossover` on four jobs; a wrong answer is matched to a typical mistake."""
+    :func:`alpha_beta_crossover` on six jobs (the last two as the lab calls it after the check);
+    a wrong answer is matched to a typical mistake."""
     from .exercise import not_written_yet
     result = CheckResult(f"your crossover ({getattr(fn, '__name__', fn)})")
     if not_written_yet(fn):
@@ -121,7 +125,7 @@ def check_predict_crossover(fn) -> CheckResult:
             return result.wrong(f"predict_crossover{s} raised {type(e).__name__}: {e}").finish()
     want = [alpha_beta_crossover(*s) for s in SCENARIOS]
     if all(_near(g, w) for g, w in zip(got, want)):
-        result.ok("the crossover of all four jobs matches the α-β model: " +
+        result.ok(f"the crossover of all {len(SCENARIOS)} jobs matches the α-β model: " +
                   ", ".join(f"{w:.3g} GB/s" for w in want))
         return _check_edges(result, fn).finish()
     bad = next(i for i, (g, w) in enumerate(zip(got, want)) if not _near(g, w))

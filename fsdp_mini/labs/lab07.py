@@ -235,6 +235,28 @@ def _tie_break(answer: dict, want: dict) -> str:
             f"tried is kept ({', '.join(PRECISIONS)})")
 
 
+def _check_by_name(result: CheckResult, fn, budgets, answers) -> None:
+    """Lab 07's section 8 calls ``fn("70b", gpus, 80, 1)``: a preset's name, not its shape. The
+    answers must be the same (plan() takes either)."""
+    for b, answer in zip(budgets, answers):
+        if b.model not in PRESETS:
+            continue
+        call = f"cheapest_fit({b.model!r}, {b.gpus}, {b.gpu_mem_gb:g}, {b.micro_batch})"
+        try:
+            by_name = fn(b.model, b.gpus, b.gpu_mem_gb, b.micro_batch)
+        except Exception as e:  # noqa: BLE001  (the learner's code: any error is a ✘ line)
+            result.wrong(f"{call}, with the preset's name as the lab calls it later, raised "
+                         f"{type(e).__name__}: {e}", hint="model is a name ('70b') or a ModelShape: "
+                         "pass it straight to fsdp_mini.plan(model=model, ...), which takes both")
+            return
+        if by_name != answer:
+            result.wrong(f"{call}, with the preset's name as the lab calls it later, returned "
+                         f"{describe(by_name)}; with its shape, {describe(answer)}",
+                         hint="pass model straight to fsdp_mini.plan(model=model, ...)")
+            return
+    result.ok("the same answers for a preset's name ('7b', '70b'), as the lab calls it later")
+
+
 def check_cheapest_fit(fn, budgets=BUDGETS) -> CheckResult:
     """Check ``fn(model, gpus, gpu_mem_gb, micro_batch)`` on ``budgets``: the cheapest
     configuration (fewest bytes sent per step; then no checkpointing; then the less sharded
@@ -259,6 +281,8 @@ def check_cheapest_fit(fn, budgets=BUDGETS) -> CheckResult:
         answers.append(answer)
         wants.append(want)
         all_plans.append(plans)
+    if answers == wants:
+        _check_by_name(result, fn, budgets, answers)
     if answers != wants:
         for mistake, (words, hint) in MISTAKES.items():
             if mistake == "micro batch":  # Note: other plans: those of one sample a micro-batch

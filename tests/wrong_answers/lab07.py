@@ -63,4 +63,8 @@ WRONG = [
           check(("if s.fits and (best_cost is None or cost < best_cost):",
                  "if s.fits and best_cost is None:")),
           ("the first configuration that fits",)),
+    Wrong(EX, "ModelShape attributes used (the lab later passes the name '70b')",
+          check(("    best, best_cost = None, None\n",
+                 "    best, best_cost = None, None\n    size = model.params()   # for a log line\n")),
+          ("with the preset's name as the lab calls it later", "attributeerror")),
 ]
