@@ -15,10 +15,13 @@ in plain words what is still wrong::
     labs.check_parity(train)    # ✔ 2 ranks train like one process on the whole batch
 
 A checker calls ``train(rank, 2, 0)`` (the weights before training) and ``train(rank, 2, 3)``
-in one launch, then compares: ranks with one another, and rank 0 with one process trained on
-the whole batch. When they differ it tries the usual mistakes, each replayed in one process
-(the same rows on every rank, a loss divided by N, no clipping...), and names the one that
-gives exactly the weights your ranks got.
+in one launch (exercise 2's on 3 ranks, where rank 0's shard of '0.weight' is not the whole of
+it, and it reads the |w| rank 0 printed), then compares: ranks with one another, and rank 0 with
+one process trained on the whole batch. When they differ it tries the usual mistakes, each
+replayed in one process (the same rows on every rank, a loss divided by N, no clipping, max_norm
+/ N...), and names the one that gives exactly the weights your ranks got; failing that, the rows
+each rank's net was fed (recorded through ``labs.debug_net()``) say whether the ranks' rows were
+the step's batch, once.
 """
 
 from __future__ import annotations
