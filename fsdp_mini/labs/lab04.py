@@ -66,6 +66,7 @@ class ZeroScaffold(Strategy):
         self.scheduler = BucketScheduler([self.params], lambda i: None, self._backward_end)
         self._grad_buffer = None  # the flat gradient, while backward ends
         self.grad_was_view = False  # self.shard.grad shared flat_grad's storage (for the checker)
+        self.watched = None  # the checker sets a list: what reduce_gradients changed, per step
         # Note: phase marks, as in the kit's strategies: a dashboard samples memory there, so it
         # sees the activations (after forward) and the flat gradient (a comm buffer) before the
         # reduction.
@@ -81,13 +82,32 @@ class ZeroScaffold(Strategy):
                         view.copy_(p.grad)
                         p.grad = None
                 self.mark(self.strategy, "grads_flattened")  # a comm buffer, not reduced yet
-                self.reduce_gradients(flat_grad)
+                if self.watched is not None:  # Note: the checker's run only
+                    self._watch_reduce(flat_grad)
+                else:
+                    self.reduce_gradients(flat_grad)
                 grad = self.shard.grad
                 self.grad_was_view = grad is not None and (
                     grad.untyped_storage().data_ptr() == flat_grad.untyped_storage().data_ptr())
         finally:
             self._grad_buffer = None
         self.mark(self.strategy, "backward_end")
+
+    def _watch_reduce(self, flat_grad: torch.Tensor) -> None:
+        """``reduce_gradients``, noting which storages its all-reduces reduced (for the checker)."""
+        comm, reduced = self.comm, []
+        real = comm.all_reduce
+
+        def all_reduce(tensor, *args, **kwargs):
+            reduced.append(tensor.untyped_storage().data_ptr())
+            return real(tensor, *args, **kwargs)
+        comm.all_reduce = all_reduce
+        try:
+            self.reduce_gradients(flat_grad)
+        finally:
+            del comm.all_reduce
+        self.watched.append(("weights" if self.flat.untyped_storage().data_ptr() in reduced
+                             else "grads" if reduced else None))
 
     def my_slice(self):
         raise NotImplementedError("write my_slice in your subclass")
@@ -163,6 +183,11 @@ def _check_zero(cls, stage: int, world_size: int) -> CheckResult:
     if not _check_slices(cls, result) or (runs := run_ranks(result, _zero_run, world_size, cls,
                                                             explain=_explain_error)) is None:
         return result.finish()
+    if "weights" in runs[0]["AdamW"]["watched"]:
+        result.wrong("reduce_gradients all-reduced self.flat, the weights: you averaged the "
+                     "weights, not the gradients, so each rank stepped on its own batch's "
+                     "gradient", hint="all-reduce flat_grad, the gradients, then "
+                     "divide it by N; the weights stay as they are until the optimizer's step")
     for op, label in runs[0]["AdamW"]["unwaited"]:
         result.wrong(f"the {op} {label!r} was issued with async_op=True and never waited: the "
                      f"ranks used its output before the collective had written it",
@@ -330,6 +355,7 @@ def _zero_run(rank, world_size, cls):
     out = {}
     for name, factory in OPTIMIZERS.items():
         model, optimizer = parallelize(make_mlp(), cls, optimizer=factory, check_collectives=True)
+        model.fsdp_mini.watched = []
         ledger = model.fsdp_mini.comm.ledger
         ledger.next_step()
         tracked = []  # Note: the last step only, as the lab's measurements (section 4) run it
@@ -339,6 +365,7 @@ def _zero_run(rank, world_size, cls):
                      "unwaited": list(dict.fromkeys((r.op, r.label) for r in ledger.records
                                                     if math.isnan(r.seconds))),
                      "grad_was_view": model.fsdp_mini.grad_was_view,
+                     "watched": model.fsdp_mini.watched,
                      "sent": {op: t.sent_bytes for op, t in ledger.totals(step=ledger.step).items()},
                      "memory": next(s.by_category for s in mem.snapshots if s.label == "after_step"),
                      "padded": model.fsdp_mini.padded_numel(),

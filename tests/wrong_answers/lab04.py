@@ -73,6 +73,14 @@ class DividedTwice(Zero1):
         self.shard.grad = flat_grad[start:stop]
 
 
+class AveragesTheWeights(Zero1):   # all-reduce the weights instead of the gradients
+    def reduce_gradients(self, flat_grad):
+        self.comm.all_reduce(self.flat, label="grads")
+        self.flat /= self.comm.world_size
+        start, stop = self.my_slice()
+        self.shard.grad = flat_grad[start:stop]
+
+
 class CopyOfSlice(Zero1):
     def reduce_gradients(self, flat_grad):
         self.comm.all_reduce(flat_grad, label="grads")
@@ -218,6 +226,8 @@ WRONG = [
     Wrong("04_zero1", "missing / N", zero1(NoAverage),
           ("gradients 2x too large", "divide the sum over ranks by the world size", "adamw hides it")),
     Wrong("04_zero1", "divided by N twice", zero1(DividedTwice), ("did you divide twice",)),
+    Wrong("04_zero1", "all-reduce of the weights, not the gradients", zero1(AveragesTheWeights),
+          ("you averaged the weights, not the gradients",)),
     Wrong("04_zero1", "a copy of the slice kept instead of a view", zero1(CopyOfSlice),
           ("this rank's slice only, but zero-1 keeps the whole averaged gradient",
            "self.shard.grad is a copy", "a view of your slice")),
