@@ -131,3 +131,12 @@ def test_every_unwritten_method_is_named_without_starting_ranks(cls, names):
     result = labs.check_buckets(cls)
     assert not result.passed and len(result.lines) == 1, result
     assert f"not written yet: {names} (still `...`)" in _text(result), result
+
+
+def test_the_buckets_check_trains_the_labs_own_model_and_bucket_size():
+    """With model="default" (a laptop's cfg.model) the check trains that GPT, in buckets of a
+    quarter of its bytes: what the lab then trains the learner's buckets with."""
+    result = labs.check_buckets(Buckets, world_size=2, model="default")
+    assert result.passed, result
+    psi = lab03.make_model(lab03.GPTConfig()).num_params()
+    assert f"each rank sent 2(N-1)/N x 4Ψ = {4 * psi:,} B" in _text(result), result

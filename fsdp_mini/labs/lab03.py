@@ -27,8 +27,12 @@ OPTIMIZERS = {SGD: partial(torch.optim.SGD, lr=0.05, momentum=0.9),
               "AdamW": partial(torch.optim.AdamW, lr=1e-3)}
 
 
-def _batches(rank, world_size, global_batch):
-    data = SyntheticText(TINY.vocab_size, TINY.block_size)
+def _config(model: str) -> GPTConfig:
+    return TINY if model == "tiny" else GPTConfig()
+
+
+def _batches(rank, world_size, global_batch, config=TINY):
+    data = SyntheticText(config.vocab_size, config.block_size)
     return lambda step: data.local_batch(step, global_batch, rank, world_size)
 
 
@@ -46,32 +50,34 @@ def _train(model, opt, batches, steps) -> dict:
     return {**run, "state": model.state_dict()}
 
 
-def _train_on_rank(rank, world_size, classes, steps, with_torch_ddp):
+def _train_on_rank(rank, world_size, classes, steps, with_torch_ddp, model="tiny"):
     """Train under each strategy class with each optimizer, from a rank-dependent start."""
     from ..api import parallelize
-    out, batches = {"runs": []}, _batches(rank, world_size, 4 * world_size)
+    config = _config(model)
+    out, batches = {"runs": []}, _batches(rank, world_size, 4 * world_size, config)
     for cls in classes:
         out["runs"].append({})
         for opt_name, optimizer in OPTIMIZERS.items():
-            model = make_model(TINY, seed=rank)  # Note: on purpose, not rank 0's
-            model, opt = parallelize(model, cls, optimizer=optimizer, check_collectives=True)
-            out["runs"][-1][opt_name] = {**_train(model, opt, batches, steps),
-                                         "notes": model.fsdp_mini.watch.notes,
-                                         "expected": model.fsdp_mini.sent_bytes_per_step(),
-                                         "buckets": len(getattr(model.fsdp_mini, "buckets", []))}
+            net = make_model(config, seed=rank)  # Note: on purpose, not rank 0's
+            net, opt = parallelize(net, cls, optimizer=optimizer, check_collectives=True)
+            out["runs"][-1][opt_name] = {**_train(net, opt, batches, steps),
+                                         "notes": net.fsdp_mini.watch.notes,
+                                         "expected": net.fsdp_mini.sent_bytes_per_step(),
+                                         "buckets": len(getattr(net.fsdp_mini, "buckets", []))}
     if with_torch_ddp:
         from torch.nn.parallel import DistributedDataParallel
-        model = DistributedDataParallel(make_model(TINY, seed=0))
-        train(model, OPTIMIZERS[SGD](model.parameters()), batches, steps)
-        out["torch_ddp"] = model.module.state_dict()
-    out["reference"] = _reference(steps, world_size) if rank == 0 else None  # Note: 1 thread here
+        net = DistributedDataParallel(make_model(config, seed=0))
+        train(net, OPTIMIZERS[SGD](net.parameters()), batches, steps)
+        out["torch_ddp"] = net.module.state_dict()
+    out["reference"] = _reference(steps, world_size, config) if rank == 0 else None  # 1 thread
     return out
 
 
-def _reference(steps, world_size) -> dict:
+def _reference(steps, world_size, config=TINY) -> dict:
     """Single-process training on the whole global batch, from rank 0's weights."""
-    models = {name: make_model(TINY, seed=0) for name in OPTIMIZERS}
-    return {name: _train(m, OPTIMIZERS[name](m.parameters()), _batches(0, 1, 4 * world_size),
+    models = {name: make_model(config, seed=0) for name in OPTIMIZERS}
+    return {name: _train(m, OPTIMIZERS[name](m.parameters()),
+                         _batches(0, 1, 4 * world_size, config),
                          steps) for name, m in models.items()}
 
 
@@ -94,9 +100,9 @@ def _explain_launch(result, err, timeout, hang_hint, none_hint) -> None:
         explain_failure(result, err, timeout, hang_hint, none_hint if "None" in msg else None)
 
 
-def _judge(result, ranks, world_size, ref) -> None:
+def _judge(result, ranks, world_size, ref, config=TINY) -> None:
     """The lines both checkers share: start, what was reduced, gradients, parity, bytes."""
-    start, runs = make_model(TINY, seed=0).state_dict(), [out["runs"] for out in ranks]
+    start, runs = make_model(config, seed=0).state_dict(), [out["runs"] for out in ranks]
     off = [r for r, run in enumerate(runs) if _rel(run["AdamW"]["start"], start)]
     result.check(not off, "every rank starts from rank 0's weights (rank r was built with seed r)",
                  f"rank {off[0] if off else 0} starts from other weights than rank 0",
@@ -209,19 +215,29 @@ def _judge_buckets(result, ranks) -> None:
                  "using the sum")
 
 
-def check_ddp(wrap_ddp, average_gradient=None, world_size=2, timeout=20) -> CheckResult:
-    """Your ``wrap_ddp`` (and the ``average_gradient`` it hooks) on ``world_size`` ranks."""
-    return _check_many([(wrap_ddp, average_gradient)], world_size, timeout, **DDP)[0].finish()
+def check_ddp(wrap_ddp, average_gradient=None, world_size=2, timeout=20,
+              model="tiny") -> CheckResult:
+    """Your ``wrap_ddp`` (and the ``average_gradient`` it hooks) on ``world_size`` ranks, training
+    the ``model`` GPT ("tiny" or "default", as ``cfg.model``)."""
+    return _check_many([(wrap_ddp, average_gradient)], world_size, timeout, **DDP,
+                       model=model)[0].finish()
 
 
-def check_buckets(buckets_class, world_size=2, timeout=20, bucket_mb=0.03) -> CheckResult:
-    """Your bucket logic (``buckets_class``) behind :func:`bucketed_ddp_strategy`."""
+def check_buckets(buckets_class, world_size=2, timeout=20, bucket_mb=None,
+                  model="tiny") -> CheckResult:
+    """Your bucket logic (``buckets_class``) behind :func:`bucketed_ddp_strategy`, training the
+    ``model`` GPT. ``bucket_mb`` defaults to a quarter of the model's bytes (0.03 MiB for the
+    tiny GPT: 5 buckets), the size lab 03 then trains your buckets with."""
+    if bucket_mb is None:
+        bucket_mb = 0.03 if model == "tiny" else make_model(_config(model)).num_params() / 2**20
     return _check_many([buckets_class], world_size, timeout, **{
-        **BUCKETS, "make": partial(bucketed_ddp_strategy, bucket_mb=bucket_mb)})[0].finish()
+        **BUCKETS, "make": partial(bucketed_ddp_strategy, bucket_mb=bucket_mb)},
+        model=model)[0].finish()
 
 
 def _check_many(items, world_size, timeout, make, stubs, what, solution, torch_ddp, hang_hint,
-                none_hint, judge_first=lambda result, ranks: None) -> list[CheckResult]:
+                none_hint, judge_first=lambda result, ranks: None,
+                model="tiny") -> list[CheckResult]:
     """Several learners' answers trained in one launch, each judged alone (the tests use it)."""
     results, todo = [CheckResult(what) for _ in items], [k for k, x in enumerate(items)
                                                          if not stubs(x)]
@@ -231,7 +247,7 @@ def _check_many(items, world_size, timeout, make, stubs, what, solution, torch_d
                          f"(still `...`)", hint=f"labs.show_solution('{solution}') shows one")
     try:
         ranks = launch(_train_on_rank, world_size, [make(items[k]) for k in todo], CHECK_STEPS,
-                       torch_ddp, backend="gloo", timeout=timeout) if todo else []
+                       torch_ddp, model, backend="gloo", timeout=timeout) if todo else []
     except LaunchError as err:
         for k in todo:
             _explain_launch(results[k], err, timeout, hang_hint, none_hint)
@@ -240,7 +256,7 @@ def _check_many(items, world_size, timeout, make, stubs, what, solution, torch_d
     for j, k in enumerate(todo):
         mine = [{"runs": out["runs"][j], "torch_ddp": out.get("torch_ddp")} for out in ranks]
         judge_first(results[k], mine)
-        _judge(results[k], mine, world_size, ranks[0]["reference"])
+        _judge(results[k], mine, world_size, ranks[0]["reference"], _config(model))
     return results
 
 
