@@ -205,6 +205,12 @@ def _check_sums(result, cases) -> None:
                      f"summed a copy (a clone, a torch.cat, a .flatten() copy), not the tensor",
                      hint="sum it in place: chunks = tensor.view(-1).tensor_split(world_size) "
                           "are views, and writing into them writes into tensor")
+    elif not same_shape and all(g.numel() <= math.ceil(size / n) for g in got):
+        result.wrong(f"your ring returned {got[0].numel()} of the {size} elements on rank 0 "
+                     f"({where}): one chunk, this rank's shard of the sum, where the whole summed "
+                     f"tensor was needed", hint="an all-reduce leaves the whole sum on every "
+                     "rank: after the reduce-scatter phase, the all-gather phase passes each "
+                     "summed chunk on; sum `tensor` in place and return nothing")
     elif same_shape and all(torch.allclose(g, want / n) for g in got):
         result.wrong(f"every rank holds the mean, not the sum ({where}): an all-reduce sums",
                      hint="remove the division (DDP divides the summed gradient by N itself)")

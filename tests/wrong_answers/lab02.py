@@ -34,6 +34,13 @@ def _all_gather_phase(chunks, rank, n, send, recv):
         request.wait()
 
 
+def returns_its_shard(tensor, rank, world_size, send, recv):
+    """Stops after the reduce-scatter and returns the chunk it summed: a shard, not the whole."""
+    chunks = tensor.view(-1).tensor_split(world_size)
+    _reduce_scatter_phase(chunks, rank, world_size, send, recv)
+    return chunks[(rank + 1) % world_size]
+
+
 def naive_all_to_all(tensor, rank, world_size, send, recv):
     """Sends the whole tensor to every other rank: right sums, (N-1) x P bytes."""
     total = tensor.clone()
@@ -172,7 +179,7 @@ def one_rank_skips_the_all_gather(tensor, rank, world_size, send, recv):
         _all_gather_phase(chunks, rank, n, send, recv)
 
 
-BATCH = (naive_all_to_all, no_all_gather, off_by_one, all_gather_off_by_one,
+BATCH = (returns_its_shard, naive_all_to_all, no_all_gather, off_by_one, all_gather_off_by_one,
          all_gather_one_step_short, adds_in_all_gather, recv_into_the_chunk_then_add,
          works_on_a_copy, never_waits, floor_division_chunks, averaging,
          reversed_ring_same_indices)
@@ -195,6 +202,8 @@ EX = "02_ring_all_reduce"
 WRONG = [
     Wrong(EX, "sends the whole tensor to every rank", batched(naive_all_to_all),
           ("did you send the whole tensor to every other rank",)),
+    Wrong(EX, "returns its summed chunk (a shard where the whole was needed)",
+          batched(returns_its_shard), ("one chunk, this rank's shard", "the whole summed tensor")),
     Wrong(EX, "no all-gather phase", batched(no_all_gather),
           ("only one chunk per rank holds the full sum", "all-gather phase is missing")),
     Wrong(EX, "reduce-scatter off by one (receives into the chunk it sent)", batched(off_by_one),
