@@ -160,6 +160,7 @@ def _run(rank, world_size, fns, steps):
                 after = _cpu(fn(rank, world_size, steps))
         finally:
             labs_namespace["debug_net"] = debug_net
+            print(printed.getvalue(), end="")   # what it printed still shows, as before
         out.append({"before": before, "after": after, "rows": _rows(fed),
                     "printed": printed.getvalue()})
     return out
