@@ -2,8 +2,8 @@
 
     labs.check_mean_of_ranks(mean_of_ranks, cfg.world_size, cfg.backend)
 
-The learner's function runs on the lab's ranks (and on one more world size, so that a world size
-written as a number shows). Each rank's ``dist.all_reduce`` calls are watched: which tensor was
+The learner's function runs on the lab's ranks (and on one more world size, in CPU processes with
+gloo, so that a world size written as a number shows). Each rank's ``dist.all_reduce`` calls are watched: which tensor was
 reduced, with which op, whether an ``async_op=True`` handle was waited for, so a wrong answer is
 named (the sum not divided, a copy reduced instead of the tensor returned, no all-reduce at all).
 """
@@ -92,8 +92,9 @@ def _check_means(fns, world_size=2, backend=None, timeout=20) -> list[CheckResul
     runs = {}
     for n in sizes:
         try:
-            per_rank = launch(_means_on_rank, n, [fns[k] for k in todo], backend=backend,
-                              timeout=timeout)
+            # Note: the extra world size on CPU processes: NCCL would need a GPU per rank
+            per_rank = launch(_means_on_rank, n, [fns[k] for k in todo],
+                              backend=backend if n == world_size else "gloo", timeout=timeout)
         except LaunchError as err:
             forget_logs(err)
             for k in todo:
