@@ -33,7 +33,8 @@ def make_optimizer(name: str, params) -> torch.optim.Optimizer:
 
     Note: ``foreach=False`` keeps the update to one parameter at a time. The for-each update
     (the default on GPUs) allocates temporaries as large as the whole model state, which would
-    show up as a bump of "activations, temporaries" during ``optimizer.step()``.
+    show up in the catch-all "activations" during ``optimizer.step()`` (``at_peak_named`` calls
+    them what they are there: the step's temporaries).
     """
     makers = {"sgd": partial(torch.optim.SGD, lr=1e-3, foreach=False),
               "momentum": partial(torch.optim.SGD, lr=1e-3, momentum=0.9, foreach=False),
