@@ -240,7 +240,7 @@ def _measure_configs(config: GPTConfig, device) -> list[dict]:
         out.append({"what": f"GPT of {n:,} parameters, batch {batch}, {opt}", "n": n,
                     "optimizer": opt, "activations": peaks["activations"],
                     "state": peaks["params"] + peaks["grads"] + peaks["optimizer_state"],
-                    "peak": mem.own_peak_bytes})
+                    "peak": mem.own_peak_bytes, "phase": peak_phase(mem)})
     return out
 
 
@@ -347,12 +347,18 @@ def check_peak_predictor(fn, config: GPTConfig | None = None, device="cpu") -> C
             break
     if activations_ok:
         result.ok("activation_bytes added once, as measured")
-    why = " (the true peak is lower: the gradients appear while backward frees the activations)"
-    for k, c in enumerate(cases if state_ok and activations_ok else []):
+    why = {"backward": " (the true peak is lower: the gradients appear while backward frees the "
+                       "activations)",
+           "step": " (the true peak is lower: it is in optimizer.step(), when the activations "
+                   "are freed and only the step's temporaries are alive)"}
+    told = set()
+    for c in cases if state_ok and activations_ok else []:
+        said = "" if c["phase"] in told else why.get(c["phase"], "")
+        told.add(c["phase"])
         result.check(c["predicted"] >= c["peak"] * (1 - TOLERANCE),
                      f"{c['what']}: your bound {fmt_bytes(c['predicted'])} is "
                      f"{c['predicted'] / c['peak'] - 1:.0%} above the measured peak "
-                     f"{fmt_bytes(c['peak'])}" + ("" if k else why),
+                     f"{fmt_bytes(c['peak'])}, in {c['phase']}" + said,
                      f"{c['what']}: your bound {fmt_bytes(c['predicted'])} is below the measured "
                      f"peak {fmt_bytes(c['peak'])}: a bound must not be")
     result.facts["cases"] = cases
