@@ -11,9 +11,9 @@ import pytest
 
 from fsdp_mini import labs
 from fsdp_mini.labs import CheckFailed
+from wrong_answers.lab07 import FITS, variant
 
 ROOT = Path(__file__).resolve().parent.parent
-SOLUTION = (ROOT / "labs" / "solutions" / "07_cheapest_fit.py").read_text()
 
 
 @pytest.fixture
@@ -21,17 +21,6 @@ def learner(monkeypatch):
     """As on a learner's laptop: a failed check reports, it does not raise."""
     monkeypatch.setenv("CI", "false")
     monkeypatch.delenv("FSDP_MINI_SOLUTIONS", raising=False)
-
-
-def variant(*edits):
-    """The reference solution with (old, new) source edits: a learner's version of it."""
-    source = SOLUTION
-    for old, new in edits:
-        assert old in source, old
-        source = source.replace(old, new)
-    namespace = {"__name__": "learner"}
-    exec(compile(source, "learner", "exec"), namespace)
-    return namespace["cheapest_fit"]
 
 
 def wrong_lines(result):
@@ -48,7 +37,6 @@ def test_the_reference_solution_passes_in_ci(monkeypatch):
     assert len(result.facts["answers"]) == len(labs.BUDGETS)
 
 
-FITS = "if s.fits and"
 MEM = "gpu_mem_gb * 1e9"
 
 def test_per_budget_lines_say_what_does_not_fit_and_what_costs_more(learner):

@@ -18,14 +18,12 @@ from dataclasses import dataclass
 from ..planner import plan
 from ..planner_shapes import PRESETS, ModelShape
 from .exercise import not_written_yet
-from .lab07 import describe
+from .lab07 import PRECISIONS, STRATEGIES, what_is_invalid, describe
 from .report import CheckResult
 
 __all__ = ["FIT_BUDGETS", "FitBudget", "JOB_BUDGET", "JOB_SHAPE", "check_choose_config",
            "planned"]
 
-STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")   # the less sharded first
-PRECISIONS = ("fp32", "bf16-mixed")
 # Note: shapes no lab plans: a 32.5 B Llama-1-33B-like model (60 layers, no grouped-query
 # attention, 2048 tokens), and GPT-3 2.7B's shape.
 JOB_SHAPE = ModelShape(60, 6656, 52, 32000, 2048, ffn=17920, style="llama", tie_weights=False)
@@ -139,20 +137,6 @@ def planned(budget: FitBudget, config: dict):
     return p.strategies[config["strategy"]]
 
 
-def _valid(answer) -> str:
-    """'' if ``answer`` is None or a configuration, else what is wrong with it."""
-    if answer is None:
-        return ""
-    if not isinstance(answer, dict) or set(answer) != {"strategy", "precision", "checkpointing"}:
-        return (f"returned {answer!r}: return a dict with the keys strategy, precision, "
-                f"checkpointing, or None when nothing fits")
-    if answer["strategy"] not in STRATEGIES or answer["precision"] not in PRECISIONS \
-            or answer["checkpointing"] not in (True, False):
-        return (f"returned {answer!r}: strategy one of {', '.join(STRATEGIES)}, precision one of "
-                f"{', '.join(PRECISIONS)}, checkpointing True or False")
-    return ""
-
-
 def _judge(result: CheckResult, budget: FitBudget, plans: dict, answer, want) -> None:
     """One ✔/✘ line for ``budget``. Note: a ✘ line says what is wrong with the answer given,
     not what the right one is: the checker is an assessment's."""
@@ -213,7 +197,7 @@ def check_choose_config(fn, budgets=FIT_BUDGETS) -> CheckResult:
             return result.wrong(f"choose_config({b.model!r} shape, {b.gpus}, {b.gpu_mem_gb:g}, "
                                 f"{b.micro_batch}, {b.headroom:g}) raised {type(e).__name__}: "
                                 f"{e}").finish()
-        if (bad := _valid(answer)):
+        if (bad := what_is_invalid(answer)):
             result.facts["verdict"] = "choose_config returned an answer of the wrong form"
             return result.wrong(f"{b}: {bad}").finish()
         plans = _plans(b)

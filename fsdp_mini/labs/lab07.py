@@ -170,7 +170,7 @@ def describe(config) -> str:
     return f"{config['strategy']}, {config['precision']}, {ck}"
 
 
-def _valid(answer) -> str:
+def what_is_invalid(answer) -> str:
     """'' if ``answer`` is None or a configuration, else what is wrong with it."""
     if answer is None:
         return ""
@@ -273,7 +273,7 @@ def check_cheapest_fit(fn, budgets=BUDGETS) -> CheckResult:
         except Exception as e:  # noqa: BLE001  (the learner's code: any error is a ✘ line)
             return result.wrong(f"cheapest_fit({b.model!r} shape, {b.gpus}, {b.gpu_mem_gb}, "
                                 f"{b.micro_batch}) raised {type(e).__name__}: {e}").finish()
-        if (bad := _valid(answer)):
+        if (bad := what_is_invalid(answer)):
             return result.wrong(f"{b}: {bad}").finish()
         plans = _plans(b)
         want = _search(plans, b.gpu_mem_gb * 1e9)
