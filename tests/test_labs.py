@@ -2,6 +2,7 @@
 labs/ run by CI, stored clean, listed in labs/README.md, and rendered to HTML by one command."""
 
 import os
+import json
 import re
 import subprocess
 import sys
@@ -43,6 +44,15 @@ def test_stored_without_outputs(path):
     dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
              and (c.get("outputs") or c.get("execution_count") is not None)]
     assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
+
+
+@pytest.mark.parametrize("path", sorted(LABS_DIR.glob("*.ipynb")), ids=lambda p: p.stem)
+def test_every_cell_has_an_id(path):
+    """nbformat 4.5 gives each cell an id (JupyterLab and nbval key on it); a cell added by hand
+    without one warns today and is an error in later nbformat versions."""
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    missing = [i for i, c in enumerate(raw["cells"]) if not c.get("id")]
+    assert not missing, f"{path.name}: cells {missing} have no id; give each a short unique one"
 
 
 @pytest.mark.parametrize("path", lab_notebooks(), ids=lambda p: p.stem)
