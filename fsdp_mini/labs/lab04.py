@@ -24,7 +24,7 @@ from ..buckets import BucketScheduler
 from ..comm import broadcast_module_states
 from ..flat import FlatLayout, ParamSlot
 from ..ledger import ring_bytes
-from ..memory import allocating
+from ..memory import PERSISTENT, allocating
 from ..strategy import Strategy
 from .checking import (OPTIMIZERS, compare_states, make_mlp, measure_strategies, missing_methods,
                        reference, rows_for, run_ranks, train_states)
@@ -253,6 +253,20 @@ def _judge_memory(result: CheckResult, run: dict, stage: int, n: int) -> None:
                      f"this rank's shard, 4Ψ/N = {es * padded // n} B{view}", hint="reduce-scatter into "
                      "a new tensor the size of the shard (torch.empty_like(self.shard)); a slice "
                      "of a whole gradient buffer keeps the whole buffer alive")
+        return
+    extra = {c: b for c, b in mem.items() if c not in PERSISTENT and b}
+    if sum(extra.values()) > 64:
+        # Note: after the step only the model state should be alive: flat_grad is a
+        # communication buffer, freed when reduce_gradients returns unless the class keeps it.
+        what = ", ".join(f"{b} B of " + ("other tensors" if c == "activations" else
+                                        c.replace("_", " ")) for c, b in extra.items())
+        result.wrong(f"after the step {what} are still alive on each rank, beyond the model "
+                     f"state (4Ψ = {es * padded} B is one whole gradient): your class keeps a "
+                     f"reference to flat_grad, or to a copy of it, so it is never freed"
+                     + (" and ZeRO-2's saving is lost" if stage == 2 else ""),
+                     hint="do not store flat_grad (or a tensor made from it) on self: keep only "
+                     "what the formula counts, and let flat_grad be freed when "
+                     "reduce_gradients returns")
         return
     state, want = mem["params"] + grads + optim, run["expected"]["persistent_bytes"]
     result.check(abs(state - want) <= 64, f"model state per rank: {state} B, the formula says "

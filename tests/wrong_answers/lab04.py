@@ -207,6 +207,18 @@ class Z2SumOfTheWrongSlice(Zero2):   # a shard of someone else's rank: the order
         self.shard.grad = flat_grad[r * size:(r + 1) * size].clone().div_(n)
 
 
+class Z2KeepsFlatGrad(Zero2):   # the newcomer trial: a reference to the whole gradient kept
+    def reduce_gradients(self, flat_grad):
+        self.full = flat_grad
+        super().reduce_gradients(flat_grad)
+
+
+class Z1KeepsFlatGrad(Zero1):   # a second reference to the whole buffer, on top of .grad's
+    def reduce_gradients(self, flat_grad):
+        self.kept = flat_grad.clone()
+        super().reduce_gradients(flat_grad)
+
+
 class Z2PassBody(Zero2):
     def reduce_gradients(self, flat_grad):
         pass
@@ -263,6 +275,10 @@ WRONG = [
     Wrong("04_zero2", "async reduce-scatter never waited", zero2(Z2NotWaited), ("never waited",)),
     Wrong("04_zero2", "another rank's slice of the sum", zero2(Z2SumOfTheWrongSlice),
           ("the gradients were all-reduced (2ψ)",)),
+    Wrong("04_zero2", "a reference to flat_grad kept on self", zero2(Z2KeepsFlatGrad),
+          ("keeps a reference to flat_grad", "zero-2's saving is lost")),
+    Wrong("04_zero1", "a copy of flat_grad kept on self", zero1(Z1KeepsFlatGrad),
+          ("240 b of other tensors are still alive", "a reference to flat_grad, or to a copy of it")),
     Wrong("04_zero2", "reduce_gradients with a pass body", zero2(Z2PassBody),
           ("never averaged over the ranks",)),
 ]
