@@ -80,7 +80,7 @@ class FSDPUnit:
         return self.reduce_grad(flat_grad)
 
     def reduce_grad(self, flat_grad: torch.Tensor) -> torch.Tensor:
-        """Lab 04's ZeRO-1 way (2Ψ): all-reduce, then this rank's slice of the average."""
+        """A stand-in (2Ψ): all-reduce, then keep a copy of this rank's slice of the average (4Ψ/N)."""
         self.comm.all_reduce(flat_grad, label=self.tag("grad"))
         size = self.layout.shard_numel
         return flat_grad[self.comm.rank * size:][:size] / self.comm.world_size

@@ -82,7 +82,7 @@ MISTAKES = {
     "overlap": (("FSDP's communication assumed hidden behind its compute: without prefetch it "
                 "waits for every collective"), "T_fsdp = C + L_f + B_f/b, like DDP's, not max(C, …)"),
     "alpha once": (("α paid once per collective: a ring collective sends N−1 messages, each "
-                    "paying α, so its latency is (N−1)α, paid (N−1) times, not once"),
+                    "paying α once: its latency is (N−1)α, not α"),
                    "L_d = 2(N−1)α for the all-reduce, L_f = 3·units·(N−1)α for FSDP"),
     "unit once": (("FSDP's latency counted once per step, not for every unit: each unit issues "
                    "its own 3 collectives"), "L_f = 3·units·(N−1)α: 3 collectives for every unit"),

@@ -75,7 +75,7 @@ WRONG = [
     Wrong(EX, "bandwidth on the wrong side (1/b*)", lambda: labs.check_predict_crossover(_inverted),
           ("bandwidth multiplied where it divides",)),
     Wrong(EX, "α paid once per collective, not N−1 times", check(hops=1),
-          ("once per collective", "(n−1) times")),
+          ("once per collective", "its latency is (n−1)α, not α")),
     Wrong(EX, "FSDP's latency counted once, not per unit", check(per_unit=False),
           ("once per step", "every unit")),
     Wrong(EX, "2 collectives per unit (the backward all-gather forgotten)", check(fsdp_calls=2),
