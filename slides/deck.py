@@ -152,6 +152,9 @@ STYLE = """
 .reveal figure img { max-height: 480px; margin: 0; }
 .reveal figcaption { font-size: 0.5em; color: #666; }
 .reveal table { font-size: 0.7em; } .reveal pre { font-size: 0.5em; width: 100%; }
+/* A long table (the full day's agenda) gets a smaller type and tighter rows, to fit its slide. */
+.reveal table:has(tbody tr:nth-child(16)) { font-size: 0.5em; }
+.reveal table:has(tbody tr:nth-child(16)) td { padding: 0.1em 0.5em; }
 .reveal code { font-family: "DejaVu Sans Mono", monospace; }
 """
 
