@@ -47,3 +47,16 @@ def notebook_kernel(tmp_path, monkeypatch) -> str:
     kernelspec.install(kernel_name=name, prefix=str(tmp_path / "jupyter"))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter" / "share" / "jupyter"))
     return name
+
+
+def record_one_tiny_step(recorder) -> None:
+    """One training step of the tiny GPT under the "single" strategy, recorded by ``recorder``,
+    which is then closed: its events are what a real run would write."""
+    import fsdp_mini
+    from fsdp_mini.models import GPTConfig, make_model
+    model, opt = fsdp_mini.parallelize(make_model(GPTConfig.tiny()), "single", recorder=recorder)
+    x = torch.randint(0, 64, (2, 16))
+    model(x, x)[1].backward()
+    opt.step()
+    recorder.step_end(1.0)
+    recorder.close()

@@ -88,16 +88,9 @@ def test_tail_returns_only_complete_new_lines(tmp_path):
 
 
 def test_recorder_without_a_folder_keeps_events_in_memory():
-    import fsdp_mini
-    from fsdp_mini.models import GPTConfig, make_model
+    from helpers import record_one_tiny_step
     rec = Recorder(run="single")
-    model, opt = fsdp_mini.parallelize(make_model(GPTConfig.tiny()), "single", recorder=rec)
-    import torch
-    x = torch.randint(0, 64, (2, 16))
-    model(x, x)[1].backward()
-    opt.step()
-    rec.step_end(1.0)
-    rec.close()
+    record_one_tiny_step(rec)
     assert [e["type"] for e in rec.events][0] == "meta"
     assert rec.events[-1]["type"] == "end"
 

@@ -437,25 +437,14 @@ def _stand_in_gpu(allocated=10 * 2**20, reserved=16 * 2**20, used=600 * 2**20):
 
 
 def test_a_recorder_on_a_gpu_writes_the_allocators_and_the_devices_figures():
-    import torch
-
-    import fsdp_mini
-    from fsdp_mini.models import GPTConfig, make_model
     from fsdp_mini.telemetry import Recorder
+    from helpers import record_one_tiny_step
     rec = Recorder(run="single", device_memory=_stand_in_gpu())
-    model, opt = fsdp_mini.parallelize(make_model(GPTConfig.tiny()), "single", recorder=rec)
-    x = torch.randint(0, 64, (2, 16))
-    model(x, x)[1].backward()
-    opt.step()
-    rec.step_end(1.0)
-    rec.close()
+    record_one_tiny_step(rec)
     memory = [e for e in rec.events if e["type"] == "memory"]
     assert memory and all(e["cuda"] == _stand_in_gpu()() for e in memory)
     plain = Recorder(run="single")  # on the CPU: no such figures
-    model, opt = fsdp_mini.parallelize(make_model(GPTConfig.tiny()), "single", recorder=plain)
-    model(x, x)[1].backward()
-    opt.step()
-    plain.close()
+    record_one_tiny_step(plain)
     assert not any("cuda" in e for e in plain.events)
 
 
