@@ -18,7 +18,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import torch  # noqa: E402
-
 from wrong_answers import LABS, registry, verdict  # noqa: E402
 
 

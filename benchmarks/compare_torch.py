@@ -62,7 +62,7 @@ def build(kind: str, cfg: GPTConfig, device: torch.device):
 def bench_rank(rank: int, world_size: int, model_size: str, steps: int, warmup: int,
                global_batch: int) -> dict:
     device = fsdp_mini.rank_device()
-    cfg = GPTConfig.tiny() if model_size == "tiny" else GPTConfig()
+    cfg = GPTConfig.sized(model_size)
     data = SyntheticText(cfg.vocab_size, cfg.block_size)
     kinds = list(dict.fromkeys(k for pair in PAIRS for k in pair))  # torch's FSDP once
     models = {k: build(k, cfg, device) for k in kinds}

@@ -36,7 +36,7 @@ VARIANTS = {
 def bench_rank(rank: int, world_size: int, model_size: str, steps: int, warmup: int,
                global_batch: int, link) -> dict:
     torch.set_num_threads(1)
-    cfg = GPTConfig.tiny() if model_size == "tiny" else GPTConfig()
+    cfg = GPTConfig.sized(model_size)
     data = SyntheticText(cfg.vocab_size, cfg.block_size)
     models = {}
     for name, options in VARIANTS.items():

@@ -39,7 +39,7 @@ def accumulation_step(model, optimizer, x, y, k: int, quiet: bool) -> None:
 
 def measure_rank(rank, world_size, strategies, k, model_size, global_batch):
     torch.set_num_threads(1)
-    cfg = GPTConfig.tiny() if model_size == "tiny" else GPTConfig()
+    cfg = GPTConfig.sized(model_size)
     data = SyntheticText(cfg.vocab_size, cfg.block_size)
     out = {}
     for strategy in strategies:

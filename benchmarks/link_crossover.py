@@ -42,12 +42,11 @@ import time
 from functools import partial
 
 import torch
-import torch.distributed as dist
 
 import fsdp_mini
-from fsdp_mini.ledger import ring_bytes
+from fsdp_mini.comm.ledger import ring_bytes
 from fsdp_mini.models import GPTConfig, SyntheticText, make_model
-from fsdp_mini.training import train_step
+from fsdp_mini.training import train_in_turns
 
 FULL = {"model": "default", "bandwidths": (0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1.0, 10.0),
         "steps": 7}
@@ -59,7 +58,7 @@ def sweep_rank(rank: int, world_size: int, variants, spec: dict) -> dict:
     """{(variant, bandwidth or None): step seconds, compute seconds (the step less the time
     blocked in collectives), and the collectives of one step}."""
     torch.set_num_threads(1)
-    cfg = GPTConfig.tiny() if spec["model"] == "tiny" else GPTConfig()
+    cfg = GPTConfig.sized(spec["model"])
     data = SyntheticText(cfg.vocab_size, cfg.block_size)
     out = {}
     for bw in (None, *spec["bandwidths"], None):  # Note: no link first and last, against drift
@@ -70,35 +69,16 @@ def sweep_rank(rank: int, world_size: int, variants, spec: dict) -> dict:
             models[name] = fsdp_mini.parallelize(m, strategy, units=list(m.blocks), link=link,
                                                  optimizer=partial(torch.optim.AdamW, lr=1e-3),
                                                  **options)
-            out.setdefault((name, bw), {"seconds": [], "compute": []})
-        for step in range(spec["steps"]):
-            # Note: the variants take turns, step by step, so a slow spell of the machine
-            # falls on all of them alike.
-            batch = data.local_batch(step, spec["global_batch"], rank, world_size)
-            for name in _rotated(list(models), step):
-                dist.barrier()  # Note: not through the link: ranks start each step together
-                start = time.perf_counter()
-                train_step(*models[name], batch)
-                seconds = time.perf_counter() - start
-                if step >= WARMUP:
-                    out[name, bw]["seconds"].append(seconds)
-                    out[name, bw]["compute"].append(seconds - _blocked(models[name][0]))
-        for name, (model, _) in models.items():
-            ledger = model.fsdp_mini.comm.ledger
-            out[name, bw]["ops"] = [(r.op, r.payload_bytes) for r in ledger.select(ledger.step)]
+        # Note: the variants take turns, step by step, so a slow spell of the machine falls on
+        # all of them alike (train_in_turns).
+        got = train_in_turns(models, lambda step: data.local_batch(
+            step, spec["global_batch"], rank, world_size), spec["steps"], warmup=WARMUP)
+        for name, times in got.items():  # Note: no link twice: both runs in one row
+            row = out.setdefault((name, bw), {"seconds": [], "compute": []})
+            row["seconds"] += times["seconds"]
+            row["compute"] += times["compute"]
+            row["ops"] = [(r["op"], r["payload_bytes"]) for r in times["records"]]
     return out
-
-
-def _blocked(model) -> float:
-    """Seconds the last step waited for collectives (from its wait to done, as the timelines
-    count it)."""
-    ledger = model.fsdp_mini.comm.ledger
-    return sum(r.seconds - r.waited for r in ledger.select(ledger.step))
-
-
-def _rotated(names: list, k: int) -> list:
-    k %= len(names)
-    return names[k:] + names[:k]
 
 
 # -- the model --------------------------------------------------------------------------------
@@ -243,7 +223,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     per_rank = fsdp_mini.launch(sweep_rank, args.world_size, variants, spec, timeout=300)
     result = analyse(per_rank, names, args.world_size, args.latency_us, spec["bandwidths"])
-    params = make_model(GPTConfig.tiny() if spec["model"] == "tiny" else GPTConfig()).num_params()
+    params = make_model(GPTConfig.sized(spec["model"])).num_params()
     print(f"{spec['model']} GPT ({params:,} parameters), world size {args.world_size} (gloo), "
           f"latency {args.latency_us:g} µs, median of {spec['steps'] - WARMUP} steps "
           f"(slowest rank); FSDP sends {result['traffic_ratio']:.2f}x DDP's bytes")

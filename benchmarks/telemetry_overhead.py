@@ -32,7 +32,7 @@ def _step(model, optimizer, x, y) -> float:
 
 
 def overhead_rank(rank, world_size, strategy, model_size, steps, global_batch):
-    cfg = GPTConfig.tiny() if model_size == "tiny" else GPTConfig()
+    cfg = GPTConfig.sized(model_size)
     data = SyntheticText(cfg.vocab_size, cfg.block_size)
     adamw = partial(torch.optim.AdamW, lr=1e-3)
     rec = Recorder.from_env(run=strategy)

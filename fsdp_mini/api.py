@@ -28,10 +28,10 @@ from numbers import Real
 import torch
 from torch import nn
 
-from .comm import Comm, Ledger
-from .fsdp import FSDP
-from .meta_init import MetaInit, check_meta_init, has_meta
-from .precision import no_param_dtype
+from .comm.collectives import Comm, Ledger
+from .fsdp.algorithm import FSDP
+from .fsdp.meta_init import MetaInit, check_meta_init, has_meta
+from .precision.policy import no_param_dtype
 from .registry import get_strategy
 from .strategy import Strategy
 from .theory import STRATEGIES  # noqa: F401  (public: the kit's own strategy names)
@@ -46,7 +46,7 @@ def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.
 
     Args:
         strategy: "single", "ddp", "zero1", "zero2", "fsdp" or "hsdp" (FSDP inside groups of
-            ``shard_size=S`` ranks, replicated across them: :mod:`fsdp_mini.hsdp`), or the name
+            ``shard_size=S`` ranks, replicated across them: :mod:`fsdp_mini.fsdp.hsdp`), or the name
             of a strategy added with ``register_strategy``, or such a class itself.
         optimizer: a factory called with the parameters this rank must optimise, e.g.
             ``partial(torch.optim.SGD, lr=0.1, momentum=0.9)``. Under zero and fsdp these are
@@ -56,28 +56,28 @@ def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.
             other strategies, so one loop can try them all.
         process_group: defaults to the whole world (or a single process without
             ``torch.distributed``).
-        ledger: where collectives are recorded (a new :class:`~fsdp_mini.comm.Ledger` if None).
+        ledger: where collectives are recorded (a new :class:`~fsdp_mini.Ledger` if None).
         recorder: anything with ``mark(label)`` (a memory tracker, a telemetry Recorder), told
             about phases; its ``attach(module, optimizer)``, if it has one, is called at the end.
         check_collectives: debug mode: ranks compare every collective before issuing it and
             raise a clear error on the first mismatch instead of hanging (see ``comm``).
         link: a simulated network, ``fsdp_mini.Link(bandwidth_gbs=1.0, latency_us=50)``: every
-            collective then takes at least its α-β ring time on it (see :mod:`fsdp_mini.link`).
+            collective then takes at least its α-β ring time on it (:mod:`fsdp_mini.comm.link`).
             Time only: the model trains to the same numbers. No effect at world size 1.
         param_init_fn: for a model built on the meta device (``with torch.device("meta"):``),
             the function that initialises it in place, called with each unit's module (fsdp,
             hsdp: one unit at a time, then the root; other strategies: once, with the whole
             model). Default: every module's own ``reset_parameters()``. See
-            :mod:`fsdp_mini.meta_init`. Ignored for a model with real tensors.
+            :mod:`fsdp_mini.fsdp.meta_init`. Ignored for a model with real tensors.
         device: where a meta model is materialised (default: the CPU; on GPUs pass
             ``fsdp_mini.rank_device()``). Ignored for a model with real tensors.
         options: ``bucket_mb`` (ddp, zero1, zero2); for fsdp ``reshard_after_forward``,
             ``prefetch`` (False; True or k: issue the next k units' all-gathers ahead, see
-            :mod:`fsdp_mini.fsdp_prefetch`) and ``activation_checkpointing`` (False; True:
+            :mod:`fsdp_mini.fsdp.prefetch`) and ``activation_checkpointing`` (False; True:
             recompute each unit's activations in backward), ``offload`` (False; True: shards,
-            gradients and optimizer state in CPU memory, see :mod:`fsdp_mini.offload`).
-            Mixed precision (:mod:`fsdp_mini.precision`): ``reduce_dtype`` (every strategy but
-            single: the dtype gradients are reduced in, e.g. ``torch.bfloat16``; None keeps the
+            gradients and optimizer state in CPU memory, see :mod:`fsdp_mini.buffers.offload`).
+            Mixed precision (:mod:`fsdp_mini.precision.policy`): ``reduce_dtype`` (every strategy
+            but single: the dtype gradients are reduced in, e.g. ``torch.bfloat16``; None keeps the
             parameters' dtype) and, for fsdp, ``param_dtype`` (the dtype units are gathered
             and computed in; the shards stay fp32). fp16 needs loss scaling:
             :class:`fsdp_mini.ShardedGradScaler`.
@@ -158,7 +158,7 @@ def no_sync(model: nn.Module):
     ddp and zero2 keep whole ``p.grad`` (zero2 then holds 4Ψ of gradients instead of 4Ψ/N);
     zero1 changes nothing (it reduce-scatters at ``optimizer.step()`` anyway); fsdp keeps each
     unit's whole flat gradient (4Ψ per rank instead of 4Ψ/N, k−1 fewer reduce-scatters; it still
-    all-gathers for every forward and backward). See :mod:`fsdp_mini.accumulate`.
+    all-gathers for every forward and backward). See :mod:`fsdp_mini.buffers.accumulate`.
     ``optimizer.step()`` while gradients kept here were never sent raises an error. Blocks nest:
     the outermost one decides.
     """

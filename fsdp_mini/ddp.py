@@ -10,11 +10,11 @@ Example, N = 2, one bucket with a 2-element gradient::
     divide by N:        rank0      [2 3]        rank1      [2 3]      = gradient of the whole batch
 
 Gradients are all-reduced in buckets launched from gradient-ready hooks, so communication of the
-last layers overlaps with backward of the first ones (see :mod:`fsdp_mini.buckets`). Under
+last layers overlaps with backward of the first ones (see :mod:`fsdp_mini.buffers.buckets`). Under
 ``fsdp_mini.no_sync`` no bucket is launched: ``p.grad`` accumulates on the rank, and the next
-backward outside it all-reduces the sum (see :mod:`fsdp_mini.accumulate`).
+backward outside it all-reduces the sum (see :mod:`fsdp_mini.buffers.accumulate`).
 
-Mixed precision (:mod:`fsdp_mini.precision`): ``reduce_dtype=torch.bfloat16`` flattens each
+Mixed precision (:mod:`fsdp_mini.precision.policy`): ``reduce_dtype=torch.bfloat16`` flattens each
 bucket's gradients into a bf16 buffer, all-reduces it (2(N-1)/N x 2Ψ bytes: half) and writes the
 mean back into the fp32 ``p.grad``. There is no ``param_dtype``: every rank keeps whole fp32
 parameters, so nothing is gathered; compute in bf16 with ``torch.autocast`` around the forward.
@@ -25,13 +25,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .absent import absent_everywhere
-from .accumulate import check_synced
-from .buckets import BucketScheduler, TrainableCheck, grad_ready_order, split_into_buckets
-from .comm import Comm, Reduction, broadcast_module_states
-from .flat import FlatLayout, ParamSlot
+from .buffers.absent import absent_everywhere
+from .buffers.accumulate import check_synced
+from .buffers.buckets import BucketScheduler, TrainableCheck, grad_ready_order, split_into_buckets
+from .buffers.flat import FlatLayout, ParamSlot
+from .comm.collectives import Comm, Reduction, broadcast_module_states
 from .memory import allocating
-from .precision import MixedPrecision
+from .precision.policy import MixedPrecision
 from .strategy import Strategy
 from .theory import ddp_sent_bytes
 

@@ -39,6 +39,15 @@ class GPTConfig:
         return cls(**{**dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32),
                       **overrides})
 
+    @classmethod
+    def sized(cls, size: str) -> "GPTConfig":
+        """The GPT a job, a lab or a benchmark names by size: "tiny" (~30k parameters, for CI
+        and unit tests) or "default" (3.2M, the labs' GPT on a laptop or a GPU box)."""
+        if size not in ("tiny", "default"):
+            raise ValueError(f"model size {size!r}: say 'tiny' (~30k parameters) or 'default' "
+                             f"(3.2M)")
+        return cls.tiny() if size == "tiny" else cls()
+
 
 class CausalSelfAttention(nn.Module):
     """Multi-head attention; one fused qkv matmul, causal masking by SDPA."""

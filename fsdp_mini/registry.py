@@ -8,8 +8,8 @@ at run time (the labs do that for the strategies learners write).
 from __future__ import annotations
 
 from .ddp import DDP
-from .fsdp import FSDP
-from .hsdp import HSDP
+from .fsdp.algorithm import FSDP
+from .fsdp.hsdp import HSDP
 from .strategy import Single, Strategy
 from .zero import Zero1, Zero2
 

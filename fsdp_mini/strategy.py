@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from . import theory
-from .comm import Comm
-from .flat import param_slots
+from .buffers.flat import param_slots
+from .comm.collectives import Comm
 
 
 @dataclass(frozen=True)
@@ -120,8 +120,9 @@ class Strategy:
 
     def param_pieces(self) -> list[tuple[torch.Tensor, PieceRange]]:
         """Every parameter tensor this rank holds (trainable or frozen), with the part of the
-        original parameter it is (see :mod:`fsdp_mini.checkpoint`). Default: whole parameters,
-        ``(w, PieceRange(("fc.weight",), 0, 6, (2, 3)))``; fsdp returns its 1-D pieces."""
+        original parameter it is (see :mod:`fsdp_mini.checkpoint.save_load`). Default: whole
+        parameters, ``(w, PieceRange(("fc.weight",), 0, 6, (2, 3)))``; fsdp returns its 1-D
+        pieces."""
         return [(s.param, PieceRange(tuple(s.names), 0, s.numel, tuple(s.shape)))
                 for s in param_slots(self.module)]
 

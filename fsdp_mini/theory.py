@@ -13,7 +13,8 @@ two moments). A ZeRO stage is the set of those three parts it shards over the N 
 In mixed precision (2-byte parameters and gradients, 12 bytes of fp32 master copy and moments)
 the same rule gives DDP 16Ψ, ZeRO-1 4Ψ + 12Ψ/N, ZeRO-2 2Ψ + 14Ψ/N, ZeRO-3 16Ψ/N.
 
-Bytes sent per rank per step follow the ring model of :mod:`fsdp_mini.ledger` (one home for it):
+Bytes sent per rank per step follow the ring model of :mod:`fsdp_mini.comm.ledger`, its one
+home:
 
     ddp    all-reduce Ψ                               2(N-1)/N x 4Ψ
     zero   reduce-scatter Ψ + all-gather Ψ            2(N-1)/N x 4Ψ
@@ -22,20 +23,20 @@ Bytes sent per rank per step follow the ring model of :mod:`fsdp_mini.ledger` (o
     hsdp   fsdp inside shard groups of S ranks        3(S-1)/S x 4Ψ
            + all-reduce of the Ψ/S shard over G = N/S  2(G-1)/G x 4Ψ/S  (across the groups)
 
-Mixed precision (:mod:`fsdp_mini.precision`) changes the bytes per element of each collective:
-fsdp with ``param_dtype`` bf16 gathers 2-byte elements and reduce-scatters 4-byte ones,
+Mixed precision (:mod:`fsdp_mini.precision.policy`) changes the bytes per element of each
+collective: fsdp with ``param_dtype`` bf16 gathers 2-byte elements and reduce-scatters 4-byte ones,
 (2 + 2 + 4)(N-1)/N x Ψ instead of 12(N-1)/N x Ψ; ``reduce_dtype`` bf16 halves the gradients'
 part under every strategy (ddp: 2(N-1)/N x 2Ψ). The model state kept between steps is unchanged.
 
 "Padded" counts round every flat bucket or unit up to a multiple of N, exactly as
-:mod:`fsdp_mini.flat` lays them out.
+:mod:`fsdp_mini.buffers.flat` lays them out.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ledger import ring_bytes
+from .comm.ledger import ring_bytes
 
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "fsdp")  # the kit's own, in ZeRO order
 PARTS = ("params", "grads", "optim")

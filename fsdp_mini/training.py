@@ -5,17 +5,22 @@ benchmarks and the labs all train through :func:`train_step` (and :func:`train` 
                    steps=5)
     result.losses, result.step_seconds, result.sent_bytes   # per step
 
+    times = train_in_turns({"ddp": (net1, opt1), "fsdp": (net2, opt2)}, batches, steps=4)
+    median_of_slowest([r["fsdp"]["seconds"] for r in per_rank])   # over the ranks' results
+
 It is the loop of plain PyTorch: forward, backward (once per micro-batch), ``optimizer.step()``,
 ``optimizer.zero_grad()``. Nothing in it knows the strategy; that is the point.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
 from .memory import MemoryTracker, track_memory
 
@@ -79,6 +84,57 @@ def train(model, optimizer, batches: Callable[[int], tuple], steps: int, *,
         if recorder is not None:
             recorder.step_end(loss)
     return result
+
+
+def train_in_turns(models: dict, batches: Callable[[int], tuple], steps: int,
+                   warmup: int = 1) -> dict:
+    """Train several ``{name: (model, optimizer)}`` side by side on the same ``batches(step)``,
+    timed, each under a parallel strategy on this rank. Per name: ``seconds`` of each step after
+    the first ``warmup``, ``blocked`` (the part of it spent waiting for collectives, from each
+    wait to its end, as the ledger saw it), ``compute`` (the rest) and ``records``: the last
+    step's collectives, as dicts of ledger records.
+
+    Note: the models take turns step by step (step k starts with the k-th, mod their number),
+    so that a slow spell of the machine falls on all of them alike; before each model's step
+    the ranks meet at a barrier (torch's own, not through any simulated link), so that every
+    step starts together on every rank.
+    """
+    out = {name: {"seconds": [], "blocked": [], "compute": []} for name in models}
+    names = list(models)
+    for step in range(steps):
+        batch = batches(step)
+        for name in names[step % len(names):] + names[:step % len(names)]:
+            model, optimizer = models[name]
+            dist.barrier()
+            start = time.perf_counter()
+            train_step(model, optimizer, batch)
+            _wait_for_device(batch[0])
+            seconds = time.perf_counter() - start
+            if step >= warmup:
+                blocked = _blocked_seconds(model.fsdp_mini.comm.ledger)
+                out[name]["seconds"].append(seconds)
+                out[name]["blocked"].append(blocked)
+                out[name]["compute"].append(seconds - blocked)
+    for name, (model, _) in models.items():
+        ledger = model.fsdp_mini.comm.ledger
+        out[name]["records"] = [vars(r).copy() for r in ledger.select(ledger.step)
+                                if r.op != "barrier"]
+    return out
+
+
+def median_of_slowest(per_rank: list[list[float]]) -> float:
+    """The median over steps of the slowest rank's figure: a step ends when its last rank does.
+
+    >>> median_of_slowest([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]])   # steps' slowest: 3, 5, 2.5
+    3.0
+    """
+    return statistics.median(max(step) for step in zip(*per_rank))
+
+
+def _blocked_seconds(ledger) -> float:
+    """Seconds this rank's last step spent waiting for its collectives (each from its wait to
+    its end: a collective that finished before its wait cost nothing)."""
+    return sum(r.seconds - r.waited for r in ledger.select(ledger.step))
 
 
 def _wait_for_device(t: torch.Tensor) -> None:

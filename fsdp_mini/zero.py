@@ -3,7 +3,7 @@
 Trainable parameters are packed into flat buckets, each padded to a multiple of N and split into N
 shards. Rank r *owns* shard r of every bucket: only it keeps optimizer state for those elements
 and only it updates them. Its optimizer sees one piece per original parameter (the part inside
-its shard, see :mod:`fsdp_mini.flat`).
+its shard, see :mod:`fsdp_mini.buffers.flat`).
 
 One step, per bucket, N = 2, a bucket of 4 elements::
 
@@ -23,9 +23,9 @@ Memory per rank (fp32, Adam):
 
 Under ``fsdp_mini.no_sync``, zero1 changes nothing (it sends nothing during backward); zero2
 launches no bucket and keeps the full ``p.grad`` (4Ψ while accumulating), which the next backward
-outside the block reduce-scatters, summed (see :mod:`fsdp_mini.accumulate`).
+outside the block reduce-scatters, summed (see :mod:`fsdp_mini.buffers.accumulate`).
 
-Mixed precision (:mod:`fsdp_mini.precision`): ``reduce_dtype=torch.bfloat16`` reduce-scatters
+Mixed precision (:mod:`fsdp_mini.precision.policy`): ``reduce_dtype=torch.bfloat16`` reduce-scatters
 the gradients in bf16 (zero2 flattens them into a bf16 buffer; zero1 casts its fp32 gradient
 buffer at the step) and casts each rank's averaged shard back to fp32 for the optimizer:
 (N-1)/N x (2Ψ + 4Ψ) bytes. The all-gather of the updated parameters stays fp32, and there is no
@@ -37,14 +37,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .absent import mark_absent, present_values
-from .accumulate import check_synced
-from .buckets import BucketScheduler, TrainableCheck, grad_ready_order, split_into_buckets
-from .comm import Comm, Reduction, broadcast_module_states
-from .flat import FlatLayout, ParamSlot, ShardPieces, param_slots
+from .buffers.absent import mark_absent, present_values
+from .buffers.accumulate import check_synced
+from .buffers.buckets import BucketScheduler, TrainableCheck, grad_ready_order, split_into_buckets
+from .buffers.flat import FlatLayout, ParamSlot, ShardPieces, param_slots
 from .clip import GradientElsewhere, GradWatch
+from .comm.collectives import Comm, Reduction, broadcast_module_states
 from .memory import allocating
-from .precision import MixedPrecision, cast, cast_grad
+from .precision.policy import MixedPrecision, cast, cast_grad
 from .strategy import PieceRange, Strategy
 from .theory import zero_sent_bytes
 

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
-
 from browser_helpers import Lab, children, cmdline, processes_matching, running_lab
 
 try:

@@ -74,14 +74,14 @@ def die_while_saving(rank: int, world_size: int, root: str, victim: int) -> None
     """Save a good checkpoint (and a copy) after one step; after a second step, rank ``victim``
     dies in the middle of the next save: its file written, before the commit."""
     torch.set_num_threads(1)
-    from fsdp_mini import checkpoint_save
+    from fsdp_mini.checkpoint import atomic
     model, optimizer = build("fsdp", "adamw")
     train_steps(model, optimizer, [0], rank, world_size)
     for name in ("ckpt", "copy"):
         fsdp_mini.save_checkpoint(model, optimizer, Path(root) / name)
     train_steps(model, optimizer, [1], rank, world_size)
     if rank == victim:
-        checkpoint_save.ranks_that_failed = lambda *args: os._exit(3)  # file written
+        atomic.ranks_that_failed = lambda *args: os._exit(3)  # file written
     fsdp_mini.save_checkpoint(model, optimizer, Path(root) / "ckpt")
 
 
@@ -89,13 +89,10 @@ def into_fully_shard(rank: int, world_size: int, full_file: str):
     """A full checkpoint into torch's ``fully_shard`` model through torch's DCP state-dict API;
     then one step. Returns (on rank 0) the full states read back before and after it."""
     torch.set_num_threads(1)
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict,
+                                                         set_model_state_dict,
+                                                         set_optimizer_state_dict)
     from torch.distributed.fsdp import fully_shard
     from torch.utils._pytree import tree_map
     model = make_odd(seed=1)
@@ -134,25 +131,26 @@ def slow_save(rank: int, world_size: int, path: str, release: str):
     """A save that holds on: every rank waits, after writing its file, until ``release`` exists
     (at most 60 s)."""
     import time
-    from fsdp_mini import checkpoint_save
-    agree = checkpoint_save.ranks_that_failed
+
+    from fsdp_mini.checkpoint import atomic
+    agree = atomic.ranks_that_failed
 
     def slowly(*args):
         until = time.monotonic() + 60
         while not os.path.exists(release) and time.monotonic() < until:
             time.sleep(0.02)
         return agree(*args)
-    checkpoint_save.ranks_that_failed = slowly
+    atomic.ranks_that_failed = slowly
     return os.getpid(), try_save(rank, world_size, path)
 
 
 def one_rank_cannot_write(rank: int, world_size: int, path: str, victim: int):
     """Rank ``victim``'s file cannot be written (as on a full disk): what every rank saw."""
-    from fsdp_mini import checkpoint_save
+    from fsdp_mini.checkpoint import atomic
     if rank == victim:
         def full_disk(self, name, obj):
             raise OSError(28, "No space left on device", str(self.tmp / name))
-        checkpoint_save.CheckpointWriter.write_here = full_disk
+        atomic.CheckpointWriter.write_here = full_disk
     return try_save(rank, world_size, path)
 
 

@@ -7,11 +7,11 @@ from functools import partial
 
 import torch
 from torch import nn
+from workers import StateHeavy, gpt_batch
 
 import fsdp_mini
 from fsdp_mini import training
-from fsdp_mini.comm import Ledger
-from workers import StateHeavy, gpt_batch
+from fsdp_mini.comm.collectives import Ledger
 from fsdp_mini.models import GPTConfig, make_model
 
 

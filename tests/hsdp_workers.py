@@ -4,10 +4,10 @@ clipping, and its errors (importable, so ranks can unpickle these by reference).
 from __future__ import annotations
 
 import torch
+from workers import MODELS, OPTIMIZERS, STEPS
 
 import fsdp_mini
 from fsdp_mini import training
-from workers import MODELS, OPTIMIZERS, STEPS
 
 MAX_NORM = 0.05  # small enough that every step clips
 

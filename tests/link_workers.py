@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import fsdp_mini
-from fsdp_mini.comm import Comm
+from fsdp_mini.comm.collectives import Comm
 from fsdp_mini.models import GPTConfig, SyntheticText, make_model
 from fsdp_mini.telemetry import Recorder
 from fsdp_mini.training import train

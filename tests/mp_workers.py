@@ -5,11 +5,11 @@ from __future__ import annotations
 import copy
 
 import torch
+from workers import OPTIMIZERS, gpt_batch
 
 import fsdp_mini
 from fsdp_mini import training
 from fsdp_mini.models import GPTConfig, make_model
-from workers import OPTIMIZERS, gpt_batch
 
 STEPS = 4
 BF16 = {"param_dtype": torch.bfloat16}

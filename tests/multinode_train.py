@@ -12,10 +12,10 @@ import os
 import signal
 import sys
 
+import hsdp_workers
 import torch
 
 import fsdp_mini
-import hsdp_workers
 
 
 def train(rank: int, world_size: int, out_dir: str) -> None:

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from assessment_workers import log_on_rank_0, weights_of_each
 
 import fsdp_mini
 from fsdp_mini import labs
-from fsdp_mini.labs import CheckFailed, CheckResult, assessment, assessment_train
-
-from assessment_workers import log_on_rank_0, weights_of_each
+from fsdp_mini.labs import CheckFailed, CheckResult
+from fsdp_mini.labs.lab11 import assessment
+from fsdp_mini.labs.lab11 import train as assessment_train
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "labs" / "11_assessment.ipynb"
@@ -417,14 +418,14 @@ def test_task4_the_reference_passes_on_the_ledger_and_the_planner(runs, monkeypa
     result = labs.check_bytes_per_step(sent(), runs, 2)
     assert result.passed, str(result)
     said = str(result)
-    assert "the stand-in's ledger, fsdp on 2 ranks: fsdp bf16-mixed: 264,864 B per step" in said
-    assert "the planner, the job's model on 64 GPUs: fsdp bf16-mixed:" in said
+    assert "the stand-in's ledger, fsdp on 2 ranks: fsdp, bf16-mixed, no checkpointing: 264,864 B per step" in said
+    assert "the planner, the job's model on 64 GPUs: fsdp, bf16-mixed," in said
     assert runs["fsdp"]["sent_bytes"] == 264864 and runs["ddp"]["sent_bytes"] == 360960
 
 
 def test_task4_the_stand_ins_units_are_the_ledgers(runs):
     """The formula on units_of(shape) gives the ledger's bytes: the units are the real ones."""
-    units = labs.units_of(fsdp_mini.planner_shapes.ModelShape.from_gpt(labs.JOB_GPT))
+    units = labs.units_of(fsdp_mini.planner.shapes.ModelShape.from_gpt(labs.JOB_GPT))
     assert sum(units.values()) == fsdp_mini.models.make_model(labs.JOB_GPT).num_params()
     for run in runs.values():
         assert math.isclose(labs.bytes_model(run["config"], units, 2), run["sent_bytes"],
@@ -443,7 +444,7 @@ def test_task4_a_wrong_number_and_a_stub_are_said_plainly(runs, learner):
     wrong = wrong_lines(labs.check_bytes_per_step(lambda c, u, n: "many", runs, 2))
     assert "you returned 'many', not a number of bytes" in wrong[0]
     wrong = wrong_lines(labs.check_bytes_per_step(lambda c, u, n: 1000.0, runs, 2))
-    assert "ddp fp32: you say 1,000 B, it sends 360,960 B" in wrong[0]
+    assert "ddp, fp32, no checkpointing: you say 1,000 B, it sends 360,960 B" in wrong[0]
 
     def bytes_per_step(config, units, world_size):
         ...
@@ -588,6 +589,6 @@ def test_the_job_is_one_no_lab_uses():
     text = "\n".join(c.source for p in sorted((ROOT / "labs").glob("[01][0-9]_*.ipynb"))
                      if p.stem != "11_assessment" for c in nbformat.read(p, as_version=4).cells)
     assert "job_net" not in text and "n_embd=48" not in text and "6656" not in text
-    assert labs.JOB.shape not in (fsdp_mini.planner_shapes.PRESETS["7b"],
-                                  fsdp_mini.planner_shapes.PRESETS["70b"], labs.lab07.GPT_1B)
+    assert labs.JOB.shape not in (fsdp_mini.planner.shapes.PRESETS["7b"],
+                                  fsdp_mini.planner.shapes.PRESETS["70b"], labs.lab07.checks.GPT_1B)
     assert os.path.basename(str(NOTEBOOK)) == "11_assessment.ipynb"

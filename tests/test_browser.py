@@ -19,7 +19,6 @@ import shutil
 import time
 
 import pytest
-
 from browser_notebook import (assert_nothing_left, assert_ran_cleanly, open_notebook,
                               run_to_the_end, wait_until)
 
@@ -245,7 +244,7 @@ SHOWN = {"model", "GPUs", "GPU GB", "precision", "micro-batch", "link GB/s"}
 
 def _planner_table(controls) -> str:
     """The table the Planner shows for these values of its arguments, planned here."""
-    from fsdp_mini.planner import format_plan
+    from fsdp_mini.planner.plan import format_plan
     from fsdp_mini.widgets.planner import Planner
 
     shown = Planner(model=controls["model"], gpus=int(controls["GPUs"]),

@@ -6,8 +6,8 @@ in the kit draws from or moves torch's, Python's or NumPy's generators.
 """
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 import time

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-
 import workers
+
 from fsdp_mini import launch
-from fsdp_mini.comm import Comm, Ledger
+from fsdp_mini.comm.collectives import Comm, Ledger
 
 
 def test_collectives_and_their_bytes_at_world_size_3():

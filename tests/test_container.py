@@ -35,7 +35,6 @@ import time
 
 import pytest
 import yaml
-
 from browser_helpers import processes_with_env
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -3,10 +3,10 @@ run by benchmarks/gpu_check.sh."""
 
 import pytest
 import torch
-
 import workers
-from fsdp_mini import launch
 from helpers import assert_states_equal
+
+from fsdp_mini import launch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

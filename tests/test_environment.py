@@ -3,9 +3,9 @@ the kit with its dev extra (so every dependency of pyproject comes through it), 
 and a Python pyproject accepts."""
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,13 +2,13 @@
 when the all-gathers are issued, how many units are whole at once, and the activation memory.
 (Parity with single-process training for both options is in test_parity.py's variants.)"""
 
+import fsdp_option_workers as w
 import pytest
 import torch
+from helpers import assert_states_equal
 
 import fsdp_mini
-import fsdp_option_workers as w
 from fsdp_mini import launch
-from helpers import assert_states_equal
 
 WS = 2
 

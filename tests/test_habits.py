@@ -10,13 +10,13 @@ import copy
 import math
 import re
 
+import habit_workers as hw
 import pytest
 import torch
+from helpers import assert_states_equal
 from torch import nn
 
 import fsdp_mini
-import habit_workers as hw
-from helpers import assert_states_equal
 
 TOL = 1e-5
 

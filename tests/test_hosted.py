@@ -8,10 +8,10 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST_VARIABLES = ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE", "FSDP_MINI_REPO")

@@ -1,4 +1,4 @@
-"""HSDP: FSDP inside shard groups, replication across them (fsdp_mini/hsdp.py).
+"""HSDP: FSDP inside shard groups, replication across them (fsdp_mini/fsdp/hsdp.py).
 
 One launch at world size 4 (2 shard groups of 2) trains the tiny GPT and the odd net and checks:
 parity with single-process training (AdamW, SGD + momentum), the bytes each group carries
@@ -17,15 +17,15 @@ import sys
 import time
 from pathlib import Path
 
+import hsdp_workers
 import pytest
 import torch
+import workers
+from helpers import assert_states_equal, padded, ring, trainable_numel
 
 import fsdp_mini
-import hsdp_workers
-import workers
 from fsdp_mini import launch, theory
 from fsdp_mini.models import GPTConfig, make_model
-from helpers import assert_states_equal, padded, ring, trainable_numel
 
 TOL = 1e-5
 WS, S = 4, 2

@@ -15,10 +15,10 @@ from __future__ import annotations
 import datetime
 import json
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "slides" / "INSTRUCTOR.md"
@@ -157,7 +157,7 @@ def test_the_gpu_needs_it_states_are_the_notebooks(guide):
     assert "M = 3 if N != 3 else 2" in code("08_checkpoints")
     assert "HN = max(N, 4)" in code("10_production") and "S = HN // 2" in code("10_production")
     assert "P = min(N, 4)" in code("09_debugging")
-    config = (ROOT / "fsdp_mini" / "labs" / "config.py").read_text()
+    config = (ROOT / "fsdp_mini" / "labs" / "common" / "config.py").read_text()
     assert 'LabConfig(gpus, "nccl", "default", 8, 4 * gpus' in config
     assert "resumes at M = 3" in guide and "max(N, 4)" in guide and "min(N, 4)" in guide
 
@@ -238,7 +238,7 @@ def test_the_container_it_names_is_the_one_sky_yaml_runs(guide):
 def test_the_memory_table_is_the_planners(guide):
     import fsdp_mini
     from fsdp_mini.models import GPTConfig
-    from fsdp_mini.planner_shapes import ModelShape
+    from fsdp_mini.planner.shapes import ModelShape
 
     shape = ModelShape.from_gpt(GPTConfig())
     strategies = ("ddp", "zero1", "zero2", "fsdp")

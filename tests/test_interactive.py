@@ -9,10 +9,10 @@ import time
 
 import pytest
 import torch
+from helpers import notebook_kernel
 
 from fsdp_mini import labs
-from fsdp_mini.labs.ranks_keeper import alive, descendants
-from helpers import notebook_kernel
+from fsdp_mini.labs.common.ranks_keeper import alive, descendants
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

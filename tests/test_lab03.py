@@ -6,11 +6,11 @@ tests/wrong_answers/lab03.py. Answers that train to the end are judged together 
 """
 
 import pytest
-
-from fsdp_mini import labs
-from fsdp_mini.labs import lab03
 from wrong_answers.lab03 import (DDP_BATCH, AllAtTheEnd, Blocking, Buckets, Early, NoReset,
                                  PerParameter, WaitsAtOnce, average_gradient, wrap_ddp)
+
+from fsdp_mini import labs
+from fsdp_mini.labs.lab03 import checks as lab03
 
 
 @pytest.fixture(autouse=True)

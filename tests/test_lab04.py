@@ -83,7 +83,7 @@ def test_the_notebook_says_which_exercise_fell_back_and_why_times_are_not_compar
 
 
 def test_the_checkers_data_splits_over_any_world_size_the_lab_runs_at():
-    from fsdp_mini.labs.checking import batch, rows_for
+    from fsdp_mini.labs.common.checking import batch, rows_for
     assert [rows_for(n) for n in (1, 2, 3, 4, 6, 8, 16)] == [12, 12, 12, 12, 12, 24, 48]
     whole = batch(0, 0, 1, rows_for(8))[0]
     assert torch.equal(torch.cat([batch(0, r, 8, rows_for(8))[0] for r in range(8)]), whole)

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from fsdp_mini import labs
-from fsdp_mini.labs import lab06
+from fsdp_mini.labs.lab06 import checks as lab06
 
 predict = labs.load_solution("06_predict_crossover", "predict_crossover")
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from wrong_answers.lab07 import FITS, variant
 
 from fsdp_mini import labs
 from fsdp_mini.labs import CheckFailed
-from wrong_answers.lab07 import FITS, variant
 
 ROOT = Path(__file__).resolve().parent.parent
 

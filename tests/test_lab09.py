@@ -12,7 +12,8 @@ import pytest
 
 import fsdp_mini
 from fsdp_mini import labs
-from fsdp_mini.labs import lab09
+from fsdp_mini.labs.lab09 import checks as lab09
+from fsdp_mini.labs.lab09 import runs as lab09_runs
 
 
 def complaint(check, fn) -> str:
@@ -29,7 +30,7 @@ JUDGED = {fn: labs.load_solution(name, fn) for fn, name in SOLUTIONS.items()}
 def runs():
     """Every function that runs to the end, in one launch (the checker launches one each; the
     notebook, run by CI, passes the reference solutions through the whole checks)."""
-    out = fsdp_mini.launch(lab09._run, 2, list(JUDGED.values()), labs.DEBUG_STEPS, timeout=30)
+    out = fsdp_mini.launch(lab09_runs.run_on_ranks, 2, list(JUDGED.values()), labs.DEBUG_STEPS, timeout=30)
     return {name: [by_rank[i] for by_rank in out] for i, name in enumerate(JUDGED)}
 
 

@@ -1,21 +1,19 @@
 """The labs as a whole: all twelve there (eleven labs and the assessment), every notebook in
 labs/ run by CI, stored clean, listed in labs/README.md, and rendered to HTML by one command."""
 
-import os
+import ast
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-import ast
-
 import nbformat
 import pytest
 
 from fsdp_mini import labs
-
-from fsdp_mini.labs.render import LABS_DIR, lab_notebooks
+from fsdp_mini.labs.common.render import LABS_DIR, lab_notebooks
 
 ROOT = LABS_DIR.parent
 EXPECTED = ["00_setup", "01_memory", "02_collectives", "03_ddp", "04_zero", "05_fsdp", "06_fast", "07_bigger", "08_checkpoints", "09_debugging", "10_production",

@@ -22,8 +22,8 @@ from fsdp_mini.launcher import LaunchError, LaunchTimeoutError, launch, run_with
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(TESTS_DIR)
 sys.path.insert(0, TESTS_DIR)
-from launch_helpers import workers  # noqa: E402  (importable, so pickled by reference)
 from helpers import notebook_kernel  # noqa: E402
+from launch_helpers import workers  # noqa: E402  (importable, so pickled by reference)
 
 LOCK_NAME = ".launch.lock"  # the file that marks a log_dir in use (fsdp_mini.launcher.files)
 

@@ -15,9 +15,9 @@ import time
 
 import pytest
 import torch.distributed
+from test_launch import LOCK_NAME, no_leftover_processes, workers  # noqa: F401  (autouse fixture)
 
 from fsdp_mini.launcher import LaunchError, LaunchTimeoutError, launch
-from test_launch import LOCK_NAME, no_leftover_processes, workers  # noqa: F401  (autouse fixture)
 
 TORCH_DIST = os.path.dirname(torch.distributed.__file__)
 
@@ -129,7 +129,7 @@ def test_collective_site_names_the_collective_the_api_and_the_users_line():
     package = os.path.dirname(os.path.abspath(sys.modules["fsdp_mini"].__file__))
     frames = [("/home/me/lab.py", 12, "train"),
               (os.path.join(package, "api.py"), 50, "full_state_dict"),
-              (os.path.join(package, "comm.py"), 99, "all_gather"),
+              (os.path.join(package, "comm", "collectives.py"), 99, "all_gather"),
               (os.path.join(TORCH_DIST, "c10d_logger.py"), 83, "wrapper"),
               (os.path.join(TORCH_DIST, "distributed_c10d.py"), 4000, "all_gather_into_tensor")]
     assert (collective_site(frames)

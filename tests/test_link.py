@@ -8,8 +8,8 @@ import torch
 from test_cli import _main_in_process
 
 from fsdp_mini import Link, launch, parallelize
-from fsdp_mini.comm import Comm
-from fsdp_mini.ledger import ring_bytes
+from fsdp_mini.comm.collectives import Comm
+from fsdp_mini.comm.ledger import ring_bytes
 from fsdp_mini.telemetry import RunState
 
 SLOW = Link(bandwidth_gbs=0.05, latency_us=100)  # 1 MB all-reduce at N = 2: 20.2 ms

@@ -2,12 +2,11 @@
 
 import pytest
 import torch
+import workers
 from torch import nn
 
-import workers
 from fsdp_mini import allocating, launch, track_memory
 from fsdp_mini.memory import CATEGORIES
-
 
 # -- the tracker on its own (one process) -------------------------------------------------------
 

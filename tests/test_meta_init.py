@@ -2,12 +2,12 @@
 time inside ``parallelize``; peak memory stays near one unit plus the shards, and the model does
 not depend on the world size."""
 
+import meta_init_workers as mw
 import pytest
 import torch
 from torch import nn
 
 import fsdp_mini
-import meta_init_workers as mw
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,14 @@ against the emulation, differ by 0.0 (bit for bit); bf16 against fp32 by 1.3e-2 
 worst tensor). TOL leaves room for a few flipped bf16 roundings and stays 100x below that.
 """
 
+import mp_workers
 import pytest
 import torch
+from helpers import assert_states_equal, padded, relative_errors, ring, trainable_numel
 from torch import nn
 
 import fsdp_mini
-import mp_workers
 from fsdp_mini.models import GPTConfig, make_model
-from helpers import assert_states_equal, padded, relative_errors, ring, trainable_numel
 
 TOL = 1e-4
 WS = 2

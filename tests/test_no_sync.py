@@ -6,12 +6,12 @@ collective inside the block, send the gradients once per step instead of K times
 bytes), keep ``grad is None`` for a parameter no micro-batch used, and refuse misuse clearly.
 """
 
+import no_sync_workers as nw
 import pytest
 import torch
+from helpers import assert_states_equal, padded, ring, trainable_numel
 
 import fsdp_mini
-import no_sync_workers as nw
-from helpers import assert_states_equal, padded, ring, trainable_numel
 
 TOL = 1e-6
 GRAD_OP = {"ddp": "all_reduce", "zero1": "reduce_scatter", "zero2": "reduce_scatter",

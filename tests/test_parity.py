@@ -8,11 +8,11 @@ process reference trains on the whole batch.
 import math
 
 import pytest
-
 import workers
+from helpers import assert_states_equal, padded, relative_errors, ring, trainable_numel
+
 from fsdp_mini import launch
 from fsdp_mini.models import GPTConfig, make_model
-from helpers import assert_states_equal, padded, relative_errors, ring, trainable_numel
 
 BASE = [("ddp", {}), ("zero1", {}), ("zero2", {}), ("fsdp", {})]
 VARIANTS_BY_WS = {1: BASE, 2: workers.VARIANTS, 3: workers.VARIANTS, 4: BASE}

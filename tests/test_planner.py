@@ -11,8 +11,8 @@ from planner_workers import measure_peaks
 import fsdp_mini
 from fsdp_mini.jobs.cli import main
 from fsdp_mini.models import GPTConfig, make_model
-from fsdp_mini.planner import format_plan, plan
-from fsdp_mini.planner_shapes import PRESETS, ModelShape
+from fsdp_mini.planner.plan import format_plan, plan
+from fsdp_mini.planner.shapes import PRESETS, ModelShape
 from fsdp_mini.registry import strategy_names
 
 # The tiny GPT and two other shapes: deeper and narrow; wide, untied, 6 heads.

@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from browser_helpers import running_lab
 from browser_notebook import CHROMIUM, CHROMIUM_ARGS, requirements, wait_until
 

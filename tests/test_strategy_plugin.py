@@ -1,10 +1,10 @@
 """A strategy from outside the kit plugs in with one registration line (tests/toy_strategy.py)."""
 
 import pytest
-
-import fsdp_mini
 import workers
 from helpers import assert_states_equal
+
+import fsdp_mini
 
 
 def naive_run(rank, world_size):
@@ -45,8 +45,9 @@ def test_registration_errors_are_clear():
 
 def test_a_strategy_class_goes_to_the_ranks_as_it_is():
     """The ready-made job takes your class: no registration inside the ranks needed."""
-    from fsdp_mini.jobs import train_gpt
     import toy_strategy
+
+    from fsdp_mini.jobs import train_gpt
     from fsdp_mini.models import GPTConfig, make_model
     out = fsdp_mini.launch(train_gpt, 2, toy_strategy.NaiveDDP, 2, "tiny", 4, False)
     psi = make_model(GPTConfig.tiny()).num_params()

@@ -3,8 +3,8 @@
 import time
 
 import pytest
-
 import workers
+
 from fsdp_mini import LaunchError, launch
 from fsdp_mini.jobs import train_gpt
 from fsdp_mini.telemetry import EventLog, EventTail, Recorder, load_events

@@ -11,10 +11,16 @@ import textwrap
 import time
 
 import pytest
+from test_launch import (
+    REPO_DIR,
+    _children,
+    _describe,
+    _is_alive,
+    _parent,
+    no_leftover_processes,  # noqa: F401  (autouse fixture)
+)
 
 from fsdp_mini.launcher import launch, warm
-from test_launch import REPO_DIR, _children, _describe, _is_alive, _parent
-from test_launch import no_leftover_processes  # noqa: F401  (autouse fixture)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="warm start: Linux")
 

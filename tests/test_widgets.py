@@ -20,7 +20,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from fsdp_mini import plots, widgets  # noqa: E402
 from fsdp_mini.memory import CATEGORIES  # noqa: E402
-from fsdp_mini.telemetry.runstate import RunState, Runs  # noqa: E402
+from fsdp_mini.telemetry.runstate import Runs, RunState  # noqa: E402
 from fsdp_mini.telemetry.units import busbw, busbw_factor, fmt_bytes, fmt_rate, fmt_seconds  # noqa: E402
 
 RECORDED = os.path.join(os.path.dirname(__file__), "data", "events_fsdp_ws4.jsonl")
@@ -437,8 +437,9 @@ def _stand_in_gpu(allocated=10 * 2**20, reserved=16 * 2**20, used=600 * 2**20):
 
 
 def test_a_recorder_on_a_gpu_writes_the_allocators_and_the_devices_figures():
-    from fsdp_mini.telemetry import Recorder
     from helpers import record_one_tiny_step
+
+    from fsdp_mini.telemetry import Recorder
     rec = Recorder(run="single", device_memory=_stand_in_gpu())
     record_one_tiny_step(rec)
     memory = [e for e in rec.events if e["type"] == "memory"]

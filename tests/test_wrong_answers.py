@@ -5,7 +5,6 @@ name it leaves the learner guessing. ``python benchmarks/checker_sweep.py`` prin
 """
 
 import pytest
-
 from wrong_answers import LABS, registry, verdict
 
 CASES = [wrong for lab in LABS for wrong in registry(lab)]

@@ -7,7 +7,7 @@ full_state_dict, clip_grad_norm_) works on it unchanged.
 
 
 import fsdp_mini
-from fsdp_mini.comm import broadcast_module_states
+from fsdp_mini.comm.collectives import broadcast_module_states
 from fsdp_mini.theory import ddp_sent_bytes
 
 

@@ -184,7 +184,7 @@ def fsdp_peak(rank: int, world_size: int, width: int = 256, depth: int = 4):
 
 def collectives(rank: int, world_size: int):
     """Each collective once, sync and async; returns results and the ledger's records."""
-    from fsdp_mini.comm import Comm
+    from fsdp_mini.comm.collectives import Comm
     comm = Comm()
     shard = torch.full((5,), float(rank))
     gathered = torch.empty(5 * world_size)

@@ -4,7 +4,8 @@
     fsdp-mini compare --world-size 4                             # every strategy, one table
 
 Files: gpt (``train_gpt``, ``train_strategies``), compare (the main job, run on every rank),
-cli (the ``fsdp-mini`` command).
+cli (the ``fsdp-mini`` command). May import: everything else; it is the top of the house
+(``fsdp-mini render-labs`` runs the lab kit's renderer).
 """
 
 from .gpt import train_gpt, train_strategies

@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
 def render_command(args) -> int:
     import signal
 
-    from ..labs.render import Interrupted, render_labs
+    from ..labs.common.render import Interrupted, render_labs
     try:
         render_labs(args.out, args.labs, ci=args.ci)
     except (ValueError, OSError) as err:  # Note: OSError: a notebook moved away while rendering
@@ -112,8 +112,8 @@ def _check_json_path(path: str | None) -> None:
 
 def _check_args(args):
     """Every check of `compare`'s input, before any rank starts: (world_size, backend, config)."""
-    from .compare import CompareConfig
     from ..launcher.inputs import MAX_TIMEOUT_S, MAX_WORLD_SIZE, MIN_TIMEOUT_S, check_launch_args
+    from .compare import CompareConfig
 
     world_size = args.world_size if args.world_size is not None else _default_world_size()
     if not 1 <= world_size <= MAX_WORLD_SIZE:
@@ -161,9 +161,9 @@ def _check_link_args(bandwidth: float | None, latency: float | None) -> None:
 
 
 def compare_command(args) -> int:
-    from .compare import compare_on_rank, format_table, gather_report, run_info
     from ..launcher import launch
     from ..models import make_model
+    from .compare import compare_on_rank, format_table, gather_report, run_info
 
     try:
         world_size, backend, config = _check_args(args)

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from ..api import STRATEGIES, expected_costs, parallelize
+from ..comm.link import Link
 from ..launcher import rank_device
-from ..link import Link
 from ..memory import PERSISTENT
 from ..models import GPTConfig, SyntheticText, make_model
 from ..registry import get_strategy
@@ -45,7 +45,7 @@ class CompareConfig:
     shard_size: int | None = None  # for "hsdp": ranks per shard group (divides the world size)
 
     def gpt(self) -> GPTConfig:
-        return GPTConfig.tiny() if self.model == "tiny" else GPTConfig()
+        return GPTConfig.sized(self.model)
 
     def link(self) -> Link | None:
         """A fresh simulated link for one model, or None."""

@@ -29,7 +29,7 @@ def train_gpt(rank: int, world_size: int, strategy="fsdp", steps: int = 5,
     without a recorder (to measure what telemetry costs).
     """
     device = rank_device()
-    cfg = GPTConfig.tiny() if model == "tiny" else GPTConfig()
+    cfg = GPTConfig.sized(model)
     data = SyntheticText(cfg.vocab_size, cfg.block_size)
     name = strategy if isinstance(strategy, str) else getattr(strategy, "strategy", "run")
     recorder = Recorder.from_env(run=name) if telemetry else None

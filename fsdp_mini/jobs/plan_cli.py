@@ -14,8 +14,8 @@ import json
 import os
 import sys
 
-from ..planner import PLAN_STRATEGIES, PRECISIONS, format_plan, plan
-from ..planner_shapes import PRESETS, ModelShape
+from ..planner.plan import PLAN_STRATEGIES, PRECISIONS, format_plan, plan
+from ..planner.shapes import PRESETS, ModelShape
 
 SHAPE_ARGS = ("layers", "hidden", "heads", "vocab")  # a custom shape needs all four
 

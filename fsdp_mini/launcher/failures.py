@@ -110,7 +110,7 @@ def _ranks(ranks, verb=None):
 def _in_collective(frames):
     """Do these frames (outermost first) end inside a collective: torch.distributed or a Handle.wait?"""
     return bool(frames) and (any(_TORCH_DIST in f[0] for f in frames)
-                             or frames[-1][0] == os.path.join(_PACKAGE, "comm.py"))
+                             or frames[-1][0] == os.path.join(_PACKAGE, "comm", "collectives.py"))
 
 
 def _is_user_code(path):

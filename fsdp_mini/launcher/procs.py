@@ -15,8 +15,8 @@ import subprocess
 import sys
 import time
 
-from .warm import start_rank as start_warm
 from .failures import rank_file
+from .warm import start_rank as start_warm
 
 POLL_S = 0.05          # how often the caller looks at its ranks
 CPU_POLL_S = 0.25      # how often it reads their CPU time, once a rank returned

@@ -48,6 +48,7 @@ def _preload():
     import torch
     import torch._dynamo  # noqa: F401  (Note: imported by the first optimizer: ~1.5 s of CPU)
     import torch.distributed  # noqa: F401
+
     import fsdp_mini
     import fsdp_mini.launcher.core  # noqa: F401
     import fsdp_mini.models  # noqa: F401

@@ -6,6 +6,8 @@ The numbers come from ``RunState``, the same object the live widgets read.
 
 Figures are made with ``matplotlib.figure.Figure``, not pyplot: they work under Agg and in any
 thread, and a notebook shows them once (when displayed), never a second time at the cell's end.
+May import: the algorithm, ``models``, the launcher and telemetry; never widgets, the lab kit or
+the jobs.
 """
 
 from __future__ import annotations
@@ -16,11 +18,26 @@ from ..memory import CATEGORIES
 from ..telemetry.runstate import Runs, RunState, phase_order
 from ..telemetry.units import fmt_bytes, fmt_link, fmt_rate, fmt_seconds, phase_name
 from ..theory import STRATEGIES
-# Note: some names are imported only to be public here (the widgets and tests use them).
-from .style import (CATEGORY_COLORS, CATEGORY_NAMES, COMPUTE_COLOR, OP_COLORS,  # noqa: F401
-                    PHASE_COLORS, RANK_COLORS, BinaryLocator, _ax, _byte_axis, _legend_below,
-                    _rank_axis, _theory_lines, as_run, as_runs, rank_color)
 from .reports import report_memory, report_traffic  # noqa: F401
+
+# Note: some names are imported only to be public here (the widgets and tests use them).
+from .style import (  # noqa: F401
+    CATEGORY_COLORS,
+    CATEGORY_NAMES,
+    COMPUTE_COLOR,
+    OP_COLORS,
+    PHASE_COLORS,
+    RANK_COLORS,
+    BinaryLocator,
+    _ax,
+    _byte_axis,
+    _legend_below,
+    _rank_axis,
+    _theory_lines,
+    as_run,
+    as_runs,
+    rank_color,
+)
 from .timelines import _union, compute_and_comm, memory_timeline, step_timeline  # noqa: F401
 
 
@@ -195,7 +212,7 @@ def comparison(data) -> Figure:
 
 def plan_bars(plan, ax=None) -> Figure:
     """The planner's figure: one stacked bar per strategy (predicted peak bytes per GPU, by
-    category) and a line at the GPU's memory. ``plan``: a :class:`fsdp_mini.planner.Plan`."""
+    category) and a line at the GPU's memory. ``plan``: a :class:`fsdp_mini.planner.plan.Plan`."""
     ax = _ax(ax, (7, 3.6))
     names = list(plan.strategies)
     bottoms = [0.0] * len(names)

@@ -20,7 +20,7 @@ Events (one JSON object per line; times are Unix seconds; ``step`` is the ledger
 
     meta        world_size, strategy, params, theory{sent_bytes_per_step, persistent_bytes},
                 formulas{memory, sent}, units[{name, bytes}], device, backend,
-                [link{bandwidth_gbs, latency_us}] (a simulated link, see fsdp_mini.link)
+                [link{bandwidth_gbs, latency_us}] (a simulated link, see fsdp_mini.comm.link)
     memory      label, [unit, phase], total_bytes, by_category{6 categories}, [cuda{...}]
     collective  op, unit, phase, group, label, payload_bytes, sent_bytes, start, end,
                 waited (when this rank began to wait: start for a blocking one, later for an
@@ -30,6 +30,9 @@ Events (one JSON object per line; times are Unix seconds; ``step`` is the ledger
     end         (the rank stopped recording)
 
 Every event also carries ``type``, ``rank``, ``step`` and ``run``.
+
+May import: the algorithm and ``models``; never the launcher, plots, widgets, the lab kit or
+the jobs (the launcher hands a watcher the events; telemetry never starts ranks).
 """
 
 from .events import EventLog, EventTail, LaunchFeed, load_events

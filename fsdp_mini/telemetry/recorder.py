@@ -12,7 +12,7 @@ import time
 
 import torch.distributed as dist
 
-from ..ledger import CollectiveRecord
+from ..comm.ledger import CollectiveRecord
 from .live_memory import LiveMemory
 
 EVENTS_DIR_ENV = "FSDP_MINI_EVENTS_DIR"

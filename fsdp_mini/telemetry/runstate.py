@@ -11,10 +11,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from ..comm.ledger import OPS
 from ..memory import PERSISTENT
-from ..ledger import OPS
 from .units import PHASES, algbw, busbw_factor, unit_and_phase
-
 
 # -- aggregation --------------------------------------------------------------------------------
 

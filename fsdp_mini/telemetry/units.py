@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import math
 
-from ..ledger import ring_fraction
-
+from ..comm.ledger import ring_fraction
 
 # -- readable numbers ---------------------------------------------------------------------------
 

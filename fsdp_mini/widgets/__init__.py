@@ -13,7 +13,8 @@ they update inside the running cell in JupyterLab and VS Code alike. ``launch`` 
 ``finish(ok)``. Events are all kept in totals; the screen is redrawn at most every
 ``min_interval`` seconds. ``finish`` also displays a static matplotlib figure of the same panels
 (as a PNG; the Figure stays in ``.figure``), for nbconvert, GitHub and slides, which have no live
-widgets.
+widgets. May import: the algorithm, ``models``, the launcher, telemetry and plots; never the lab
+kit or the jobs.
 """
 
 from .comparison import Comparison

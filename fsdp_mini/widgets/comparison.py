@@ -7,17 +7,12 @@ import html
 import ipywidgets as W
 
 from .. import plots
-from ..plots import CATEGORY_COLORS, CATEGORY_NAMES, OP_COLORS
 from ..memory import CATEGORIES
+from ..plots import CATEGORY_COLORS, CATEGORY_NAMES, OP_COLORS
 from ..telemetry.runstate import RunState
 from ..telemetry.units import fmt_bytes, fmt_seconds
-
-
-
-
-from .html import (FONT, PEAK, THEORY, swatches_html, table_html, track_html)
+from .html import FONT, PEAK, THEORY, swatches_html, table_html, track_html
 from .live import _Live
-
 
 # -- several runs -------------------------------------------------------------------------------
 

@@ -8,15 +8,14 @@ import html
 import ipywidgets as W
 
 from .. import plots
-from ..plots import CATEGORY_COLORS, CATEGORY_NAMES, COMPUTE_COLOR, OP_COLORS, rank_color
 from ..memory import CATEGORIES
+from ..plots import CATEGORY_COLORS, CATEGORY_NAMES, COMPUTE_COLOR, OP_COLORS, rank_color
 from ..telemetry.runstate import Runs, RunState, phase_order
-from .timeline_svg import memory_timeline_svg
 from ..telemetry.units import fmt_bytes, fmt_link, fmt_rate, fmt_seconds, phase_name
-from .html import (FONT, PEAK, SHORT_PHASE, THEORY, THEORY_UNIT, op_name, rank_label,
-                   swatches_html, table_html, track_html)
+from .html import (FONT, PEAK, SHORT_PHASE, THEORY, THEORY_UNIT, op_name, rank_label, swatches_html,
+                   table_html, track_html)
 from .live import _Live
-
+from .timeline_svg import memory_timeline_svg
 
 # -- one run ------------------------------------------------------------------------------------
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import html
 
-
 from ..plots import rank_color
-
 
 FONT = "font-family:system-ui,sans-serif;font-size:12px;line-height:1.35"
 CELL = "padding:2px 8px;text-align:right;white-space:nowrap"

@@ -9,13 +9,8 @@ import time
 import ipywidgets as W
 from IPython.display import Image, display
 
-from ..telemetry.runstate import Runs
 from ..telemetry import LaunchFeed, load_events
-
-
-
-
-
+from ..telemetry.runstate import Runs
 
 # -- the common live machinery --------------------------------------------------------------------
 

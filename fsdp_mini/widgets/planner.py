@@ -17,8 +17,8 @@ import io
 import ipywidgets as W
 
 from .. import plots
-from ..planner import PRECISIONS, format_plan, plan
-from ..planner_shapes import PRESETS
+from ..planner.plan import PRECISIONS, format_plan, plan
+from ..planner.shapes import PRESETS
 
 PARAM_CHOICES = {"1B (params only)": 1e9, "7B (params only)": 7e9, "13B (params only)": 13e9,
                  "70B (params only)": 70e9}

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 import fsdp_mini
 from fsdp_mini import labs
-from fsdp_mini.labs import lab00
+from fsdp_mini.labs.lab00 import checks as lab00
 from wrong_answers import Wrong
 
 

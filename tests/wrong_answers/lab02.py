@@ -8,7 +8,7 @@ from functools import cache
 import torch
 
 from fsdp_mini import labs
-from fsdp_mini.labs import lab02
+from fsdp_mini.labs.lab02 import checks as lab02
 from wrong_answers import Wrong
 
 reference = labs.load_solution("02_ring_all_reduce", "ring_all_reduce")

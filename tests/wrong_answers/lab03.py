@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_mini import labs
-from fsdp_mini.labs import lab03
+from fsdp_mini.labs.lab03 import checks as lab03
 from wrong_answers import Wrong
 
 average_gradient = labs.load_solution("03_ddp_hooks", "average_gradient")

@@ -3,7 +3,7 @@
 import torch
 
 from fsdp_mini import labs
-from fsdp_mini.labs import lab08
+from fsdp_mini.labs.lab08 import checks as lab08
 
 from . import Wrong
 

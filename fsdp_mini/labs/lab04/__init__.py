@@ -1,0 +1,8 @@
+"""Lab 04, ZeRO-1 and ZeRO-2 grown from the learner's DDP.
+
+``checks.py``: the scaffolding, the checkers and the measurements. May import:
+:mod:`fsdp_mini.labs.common` and the engine, never another lab.
+"""
+
+from .checks import *  # noqa: F401,F403
+from .checks import __all__  # noqa: F401
