@@ -1,30 +1,56 @@
 #!/usr/bin/env bash
-# HSDP on several nodes with plain torchrun: run this on EVERY node, the same way, e.g.
+# HSDP on several nodes with torchrun: run this on EVERY node with the same variables, e.g.
 #
-#   MASTER_ADDR=10.0.0.1 NNODES=2 NODE_RANK=0 docker/multinode/torchrun.sh --steps 20   # node 0
-#   MASTER_ADDR=10.0.0.1 NNODES=2 NODE_RANK=1 docker/multinode/torchrun.sh --steps 20   # node 1
+#   RDZV_HOST=10.0.0.1 RDZV_ID=run-0612 NNODES=2 docker/multinode/torchrun.sh --steps 20
 #
-# MASTER_ADDR      an address of node 0 that every node can reach (the c10d rendezvous store)
-# MASTER_PORT      a free TCP port there (default 29500)
-# NNODES           how many nodes; NODE_RANK this node's number (0 .. NNODES-1)
-# GPUS_PER_NODE    ranks per node (default: the GPUs nvidia-smi sees, else 2 CPU ranks on gloo)
+# RDZV_HOST      an address of one node (any) that every node reaches; its agent hosts the
+#                c10d rendezvous store on RDZV_PORT (default 29400, torchrun's own default)
+# RDZV_ID        one id per job, the same on every node, new for each job (SLURM: the job id):
+#                agents with the same id and endpoint form one job
+# NNODES         N nodes; or MIN:MAX, elastic: the job starts with MIN and takes up to MAX
+# GPUS_PER_NODE  ranks per node (default: the GPUs nvidia-smi sees, else 2 CPU ranks on gloo)
+# MAX_RESTARTS   times the ranks are all restarted after a failure (default 3), each time
+#                resuming from CKPT_DIR; 0: the first failure ends the job
+# CKPT_DIR       the checkpoint folder, on a file system every node sees (default
+#                checkpoints/$RDZV_ID): saved every few steps, resumed from when it exists
+# LOCAL_ADDR     this node's address as the other nodes reach it (default: torchrun's guess,
+#                the node's FQDN)
 # NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME   the network interface between nodes (`ip -br addr`:
-#                  e.g. eth0, ens5, ib0); the default lets NCCL/gloo guess, which can pick docker0
-# Every rank of a node forms one shard group: --shard-size = GPUS_PER_NODE.
+#                e.g. eth0, ens5, ib0); unset, NCCL and gloo guess and can pick docker0 or lo
+# Arguments go to train.py (--steps, --tiny, --save-every). Every node is one shard group.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-: "${MASTER_ADDR:?set MASTER_ADDR to an address of node 0 that every node can reach}"
+die() { echo "torchrun.sh: $*" >&2; exit 2; }
+[[ -n "${RDZV_HOST:-}" ]] || die "set RDZV_HOST to an address of one node that every node reaches"
+[[ -n "${RDZV_ID:-}" ]] || die "set RDZV_ID to an id of this job, the same on every node and" \
+    "new for each job, e.g. RDZV_ID=run-\$(date +%m%d-%H%M) chosen once (a reused id resumes" \
+    "that job's checkpoint)"
 NNODES="${NNODES:-2}"
-NODE_RANK="${NODE_RANK:?set NODE_RANK to the number of this node, 0 to NNODES-1}"
+MAX_RESTARTS="${MAX_RESTARTS:-3}"
+[[ "$NNODES" =~ ^[1-9][0-9]*(:[1-9][0-9]*)?$ ]] || \
+    die "NNODES is '$NNODES': give a number of nodes (2) or a range MIN:MAX (1:4)"
+[[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]] || die "MAX_RESTARTS is '$MAX_RESTARTS': give 0 or more"
 if [[ -z "${GPUS_PER_NODE:-}" ]]; then
     GPUS_PER_NODE=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
     [[ "$GPUS_PER_NODE" -gt 0 ]] || GPUS_PER_NODE=2
 fi
-[[ -n "${NCCL_SOCKET_IFNAME:-}" ]] && export NCCL_SOCKET_IFNAME
-[[ -n "${GLOO_SOCKET_IFNAME:-${NCCL_SOCKET_IFNAME:-}}" ]] && \
-    export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$NCCL_SOCKET_IFNAME}"
+if [[ -n "${NCCL_SOCKET_IFNAME:-}" ]]; then
+    export NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$NCCL_SOCKET_IFNAME}"
+fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" --node-rank "$NODE_RANK" \
-    --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" \
-    --rdzv-id "${RDZV_ID:-fsdp-mini-hsdp}" --max-restarts 0 \
-    "$here/train.py" --shard-size "$GPUS_PER_NODE" "$@"
+options=(
+    --nnodes "$NNODES"                  # N, or MIN:MAX: the rendezvous waits for MIN agents
+    --nproc-per-node "$GPUS_PER_NODE"   # ranks this agent starts, one per GPU
+    # Note: c10d rendezvous: the agents meet in a store that RDZV_HOST's agent hosts, and the
+    # rendezvous numbers the nodes (GROUP_RANK); so no --node-rank, which (with --master-addr
+    # and --master-port) belongs to the static launch, where each node is told its number.
+    --rdzv-backend c10d
+    --rdzv-endpoint "$RDZV_HOST:${RDZV_PORT:-29400}"
+    --rdzv-id "$RDZV_ID"                # which job an agent joins: an old id joins an old job
+    # Note: on a rank's failure (or a node joining or leaving) torchrun stops every rank and
+    # starts them all again, at most MAX_RESTARTS times; train.py resumes from CKPT_DIR.
+    --max-restarts "$MAX_RESTARTS"
+)
+[[ -z "${LOCAL_ADDR:-}" ]] || options+=(--local-addr "$LOCAL_ADDR")
+exec torchrun "${options[@]}" "$here/train.py" --shard-size "$GPUS_PER_NODE" \
+    --checkpoint "${CKPT_DIR:-checkpoints/$RDZV_ID}" "$@"
