@@ -1,0 +1,131 @@
+"""Lab 09, section 5: torch's own debugging switches, tried live on gloo ranks.
+
+A job is started with an environment variable set and its outcome kept, never raised::
+
+    job = run_job(mismatched_all_reduce, 2, env=DETAIL_ENV)   # TORCH_DISTRIBUTED_DEBUG=DETAIL
+    job.error.message      # torch's wrapper names the shapes each rank passed
+    cost = detail_overhead(2, steps=20)
+    cost["detail_s"] / cost["off_s"]    # what DETAIL costs a step of a small fsdp job
+
+Each launch has a short collective ``timeout`` and a ``deadline``: no rank outlives a call.
+Note: a ``TORCH_*`` variable makes the launcher start its warm-start helper anew (torch reads
+those while importing), so a job with one costs a few seconds more than a plain one.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any, NamedTuple, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ...api import parallelize
+from ...launcher import LaunchError, launch
+from .runs import debug_batch, debug_net, debug_sgd
+
+DETAIL_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+JOB_TIMEOUT = 10     # seconds a collective may wait in a job of this section
+JOB_DEADLINE = 60    # seconds a whole job may take
+
+
+class JobRun(NamedTuple):
+    """A finished job: its ranks' return values, or the error it failed with; its wall time."""
+    results: Optional[list]
+    error: Optional[LaunchError]
+    seconds: float
+
+
+def run_job(fn, world_size: int, *args, env: Optional[dict] = None,
+            timeout: float = JOB_TIMEOUT, deadline: float = JOB_DEADLINE) -> JobRun:
+    """``fsdp_mini.launch(fn, world_size, *args)`` on gloo with ``env`` added to the ranks'
+    environment; a failure is returned in ``.error``, not raised.
+
+    Example: ``run_job(mismatched_all_reduce, 2, env=DETAIL_ENV).error.message`` is torch's
+    own report of the mismatch.
+    """
+    if env is not None and not all(isinstance(k, str) and isinstance(v, str)
+                                   for k, v in dict(env).items()):
+        raise TypeError(f"env must map names to strings, e.g. {DETAIL_ENV}; got {env!r}")
+    started = time.perf_counter()
+    try:
+        results = launch(fn, world_size, *args, backend="gloo", timeout=timeout,
+                         deadline=deadline, env=env)
+        return JobRun(results, None, time.perf_counter() - started)
+    except LaunchError as err:
+        return JobRun(None, err, time.perf_counter() - started)
+
+
+def is_library(path: str) -> bool:
+    """Is this frame's file torch's, fsdp_mini's or frozen stdlib's (not the user's own code)?"""
+    return (path.startswith((_PACKAGE + os.sep, "<frozen"))
+            or os.sep + "torch" + os.sep in path)
+
+
+def user_frame(frames) -> str:
+    """``"train at cell.py:13"``: the innermost of ``frames`` (innermost first; each a tuple
+    (file, line, function)) that is the user's own code; "" when none is."""
+    for path, line, name in frames:
+        if not is_library(path):
+            return f"{name} at {path}:{line}"
+    return ""
+
+
+# ---------------------------------------------------------------- the bug DETAIL catches
+def mismatched_all_reduce(rank: int, world_size: int, numel: int = 4) -> str:
+    """One matched all-reduce, then the bug: rank 1 all-reduces ``numel - 1`` elements where
+    the others all-reduce ``numel``."""
+    torch.set_num_threads(1)
+    dist.all_reduce(torch.ones(numel))                 # the same on every rank: fine
+    dist.all_reduce(torch.ones(numel - (rank == 1)))   # the bug: another shape on rank 1
+    return "done"
+
+
+def backend_name(group=None) -> str:
+    """The class of the CPU backend behind a process group: ``"ProcessGroupGloo"``, or
+    ``"_ProcessGroupWrapper"`` under TORCH_DISTRIBUTED_DEBUG=DETAIL (the wrapper that checks)."""
+    group = group or dist.group.WORLD
+    try:
+        return type(group._get_backend(torch.device("cpu"))).__name__
+    except (AttributeError, RuntimeError):  # Note: a private API; older torch may lack it
+        return "unknown"
+
+
+# ---------------------------------------------------------------- what DETAIL costs
+def timed_fsdp_steps(rank: int, world_size: int, steps: int) -> dict:
+    """Train the debug net under fsdp for ``steps`` steps; the median step's seconds (after one
+    step of warm-up), the collectives one step issues, and the backend class in use."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model, optimizer = parallelize(debug_net(), "fsdp", optimizer=debug_sgd)
+    seconds = []
+    for step in range(steps + 1):
+        x, y = debug_batch(step % 3, rank, world_size)
+        started = time.perf_counter()
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        seconds.append(time.perf_counter() - started)
+    return {"step_s": statistics.median(seconds[1:]), "backend": backend_name()}
+
+
+def detail_overhead(world_size: int, steps: int = 20) -> dict[str, Any]:
+    """The median step time of the same small fsdp job without and with DETAIL (rank 0's).
+
+    Example: ``detail_overhead(2, 20)`` → ``{"off_s": ..., "detail_s": ..., "off_backend":
+    "ProcessGroupGloo", "detail_backend": "_ProcessGroupWrapper"}``. Raises if a job failed.
+    """
+    if not isinstance(steps, int) or steps < 3:
+        raise ValueError(f"steps must be an int of at least 3 (a median of a few); got {steps!r}")
+    out = {}
+    for name, env in (("off", None), ("detail", DETAIL_ENV)):
+        job = run_job(timed_fsdp_steps, world_size, steps, env=env)
+        if job.error is not None:
+            raise RuntimeError(f"the timed job ({name}) failed:\n{job.error}") from job.error
+        out[f"{name}_s"] = job.results[0]["step_s"]
+        out[f"{name}_backend"] = job.results[0]["backend"]
+    return out
