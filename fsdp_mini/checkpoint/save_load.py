@@ -38,12 +38,13 @@ from ..comm.collectives import Comm
 from ..strategy import Single
 from ..wrap import ParallelOptimizer
 from .atomic import CheckpointWriter
+from .dcp import is_dcp_folder, load_dcp, save_dcp
 from .files import CheckpointError, read_file, read_metadata
 from .whole import Whole, from_full, from_records, per_element
 
 
 def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None, path,
-                    sharded: bool = True, step: int | None = None) -> None:
+                    sharded: bool = True, step: int | None = None, format: str = "kit") -> None:
     """Write the model and optimizer state to the folder ``path`` (replaced atomically).
 
     Every rank must call it. ``step`` is stored in the metadata (default: the optimizer's
@@ -51,8 +52,19 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None, p
     (as the "single" strategy). ``path`` must be absent, empty, or a checkpoint of the kit: a
     folder holding other files, a file, a link or the working folder is refused with a
     :class:`CheckpointError` before anything is written, as is a second save to the same folder
-    while one runs (:mod:`fsdp_mini.checkpoint.atomic`)."""
+    while one runs (:mod:`fsdp_mini.checkpoint.atomic`). ``format="dcp"``: the folder that
+    ``torch.distributed.checkpoint`` reads, ``{"model": ..., "optim": ...}`` as torch's
+    ``get_state_dict`` lays them out (:mod:`fsdp_mini.checkpoint.dcp`); always sharded."""
     engine = _engine(model)
+    if format not in ("kit", "dcp"):
+        raise ValueError(f"format={format!r}: say 'kit' (the kit's own files) or 'dcp' (the "
+                         f"folder torch.distributed.checkpoint reads)")
+    if format == "dcp":
+        if not sharded:
+            raise ValueError("format='dcp' is sharded by nature (each rank writes its chunks); "
+                             "drop sharded=False, or use the kit's format for one full.pt")
+        params = _optimizer_params(engine, optimizer) if optimizer is not None else []
+        return save_dcp(engine, optimizer, path, params, _describe(engine, optimizer, step))
     # Note: over the whole world (hsdp's own comm is a group), and on a ledger of its own, so
     # the checkpoint's collectives do not open a training step in the model's.
     comm = Comm(name="checkpoint")
@@ -62,20 +74,29 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None, p
         if not sharded:
             writer.on_rank0(lambda: _assemble_full(writer, files))
             files = ["full.pt"]
-        writer.commit(files, {
-            "kind": "sharded" if sharded else "full", "world_size": comm.world_size,
-            "strategy": engine.strategy, "sharded": list(engine.sharded),
+        writer.commit(files, {"kind": "sharded" if sharded else "full",
+                              "world_size": comm.world_size, **_describe(engine, optimizer, step)})
+
+
+def _describe(engine, optimizer, step: int | None) -> dict:
+    """The metadata that says what was saved, whatever the format."""
+    return {"strategy": engine.strategy, "sharded": list(engine.sharded),
             "units": [getattr(u, "name", str(u)) for u in getattr(engine, "units", ())],
             "layout": {r.names[0]: list(r.shape) for _, r in engine.param_pieces()},
-            "optimizer": _optimizer_class(optimizer), "step": _step(optimizer, step)})
+            "optimizer": _optimizer_class(optimizer), "step": _step(optimizer, step)}
 
 
 def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None, path) -> dict:
-    """Load a checkpoint of either kind, saved at any world size and strategy, into ``model``
-    (and ``optimizer``; None: the model alone). Every rank reads every file (no collective).
+    """Load a checkpoint of any kind (sharded, full, or a DCP folder: the kit's or a torch
+    job's), saved at any world size and strategy, into ``model`` (and ``optimizer``; None: the
+    model alone). No collective: every rank reads what it needs (all files; in a DCP folder, its
+    own chunks).
     Returns the metadata (``step``, ``world_size``, ``strategy``...). A damaged checkpoint or
     one of another model raises :class:`CheckpointError` naming the file and the problem."""
     engine, path = _engine(model), Path(path)
+    if is_dcp_folder(path):  # a DCP folder (the kit's, or a torch job's): no flag needed
+        params = _optimizer_params(engine, optimizer) if optimizer is not None else []
+        return load_dcp(engine, optimizer, path, params, _optimizer_class(optimizer))
     meta = read_metadata(path)
     pieces = engine.param_pieces()
     if meta["kind"] == "full":
