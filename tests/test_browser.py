@@ -244,7 +244,7 @@ SHOWN = {"model", "GPUs", "GPU GB", "precision", "micro-batch", "link GB/s"}
 
 def _planner_table(controls) -> str:
     """The table the Planner shows for these values of its arguments, planned here."""
-    from fsdp_mini.planner.plan import format_plan
+    from fsdp_mini.planner.table import format_plan
     from fsdp_mini.widgets.planner import Planner
 
     shown = Planner(model=controls["model"], gpus=int(controls["GPUs"]),

@@ -11,7 +11,8 @@ from planner_workers import measure_peaks
 import fsdp_mini
 from fsdp_mini.jobs.cli import main
 from fsdp_mini.models import GPTConfig, make_model
-from fsdp_mini.planner.plan import format_plan, plan
+from fsdp_mini.planner.plan import plan
+from fsdp_mini.planner.table import format_plan
 from fsdp_mini.planner.shapes import PRESETS, ModelShape
 from fsdp_mini.registry import strategy_names
 
@@ -83,9 +84,14 @@ def test_the_7b_example_is_sane():
     z1, z2 = p.strategies["zero1"], p.strategies["zero2"]
     assert z1.persistent_bytes == pytest.approx((4 + 12 / 8) * 7e9, rel=1e-6)
     assert z2.persistent_bytes == pytest.approx((2 + 14 / 8) * 7e9, rel=1e-6)
-    # ring traffic: ddp and zero 2(N-1)/N x 2Ψ, fsdp ≈ 3(N-1)/N x 2Ψ (the root is gathered once)
-    assert ddp.sent_bytes_per_step == pytest.approx(2 * 7 / 8 * 2 * 7e9)
-    assert fsdp.sent_bytes_per_step == pytest.approx(3 * 7 / 8 * 2 * 7e9, rel=0.02)
+    # ring traffic, gradients reduced in fp32 (parallelize's default): ddp 2(N-1)/N x 4Ψ, fsdp
+    # (N-1)/N x (2 + 2 + 4)Ψ (the root is gathered once); reduced in bf16: 2Ψ and (2 + 2 + 2)Ψ
+    assert ddp.sent_bytes_per_step == pytest.approx(2 * 7 / 8 * 4 * 7e9)
+    assert fsdp.sent_bytes_per_step == pytest.approx(7 / 8 * 8 * 7e9, rel=0.02)
+    half = plan(params=7e9, gpus=8, gpu_mem_gb=80, precision="bf16-mixed", reduce_dtype="bf16")
+    assert half.strategies["ddp"].sent_bytes_per_step == pytest.approx(2 * 7 / 8 * 2 * 7e9)
+    assert half.strategies["fsdp"].sent_bytes_per_step == pytest.approx(3 * 7 / 8 * 2 * 7e9,
+                                                                        rel=0.02)
     assert 0 < ddp.comm_seconds_per_step < fsdp.comm_seconds_per_step
 
 
@@ -110,6 +116,12 @@ def test_presets_and_activations():
     ({"params": 7e9, "gpus": 0}, "gpus must be"),
     ({"params": 7e9, "gpus": 12, "shard_size": 8}, "does not divide"),
     ({"params": 7e9, "bandwidth_gbs": 0}, "bandwidth_gbs"),
+    ({"params": 7e9, "reduce_dtype": "int8"}, "reduce_dtype must be"),
+    ({"params": 7e9, "reserve_gb": 80}, "reserve_gb must be"),
+    ({"params": 7e9, "gpu": "B200"}, "unknown GPU 'B200'"),
+    ({"params": 7e9, "efficiency": 1.5}, "efficiency must be"),
+    ({"params": 7e9, "tflops": 0}, "tflops must be"),
+    ({"params": 7e9, "micro_batches": 0}, "micro_batches must be"),
 ])
 def test_bad_input_is_named(kwargs, words):
     with pytest.raises(ValueError, match=words):

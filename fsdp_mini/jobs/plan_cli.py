@@ -3,6 +3,7 @@
     fsdp-mini plan --params 7e9 --gpus 8 --gpu-mem 80 --precision bf16-mixed
     fsdp-mini plan --model 70b --gpus 64 --micro-batch 1 --checkpointing --json plan.json
     fsdp-mini plan --layers 24 --hidden 2048 --heads 16 --vocab 50304 --seq 2048 --gpus 8
+    fsdp-mini plan --model 7b --gpus 32 --gpu A100 --efficiency 0.35 --reduce-dtype bf16
 
 Nothing is launched: the numbers come from :func:`fsdp_mini.plan` (the formulas). Bad input is
 one line on stderr and exit status 2.
@@ -14,7 +15,9 @@ import json
 import os
 import sys
 
-from ..planner.plan import PLAN_STRATEGIES, PRECISIONS, format_plan, plan
+from ..planner import hardware
+from ..planner.plan import PLAN_STRATEGIES, PRECISIONS, plan
+from ..planner.table import format_plan
 from ..planner.shapes import PRESETS, ModelShape
 
 SHAPE_ARGS = ("layers", "hidden", "heads", "vocab")  # a custom shape needs all four
@@ -39,18 +42,42 @@ def add_plan_parser(sub) -> None:
     what.add_argument("--seq", type=int, help="sequence length (default: the preset's, or 2048)")
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU (default 1)")
     p.add_argument("--gpus", type=int, default=8, help="GPUs (data-parallel ranks, default 8)")
-    p.add_argument("--gpu-mem", type=float, default=80.0, help="GB (10⁹ B) per GPU (default 80)")
+    p.add_argument("--gpu-mem", type=float, default=None,
+                   help="GB (10⁹ B) per GPU (default: the --gpu preset's, 80 for an H100)")
+    p.add_argument("--reserve-gb", type=float, default=None,
+                   help=f"GB kept free per GPU (default {hardware.RESERVE})")
     p.add_argument("--precision", default="bf16-mixed",
                    help=f"{' or '.join(PRECISIONS)} (default bf16-mixed)")
+    p.add_argument("--reduce-dtype", default=None, choices=("fp32", "bf16", "fp16"),
+                   help="the dtype gradients are reduced in (default fp32, as parallelize does)")
+    p.add_argument("--micro-batches", type=int, default=1,
+                   help="micro-batches per step (gradient accumulation, default 1)")
+    p.add_argument("--no-sync", action="store_true",
+                   help="reduce the gradients once per step, not after each micro-batch")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
     p.add_argument("--offload", action="store_true", help="sharded state in CPU memory")
     p.add_argument("--prefetch", action="store_true", help="fsdp gathers the next unit ahead")
     p.add_argument("--shard-size", type=int, default=None,
                    help="hsdp: GPUs per shard group (default min(8, --gpus): one node)")
-    p.add_argument("--link-bandwidth", type=float, default=50.0, metavar="GB_PER_S",
-                   help="per-GPU link bandwidth for the α-β time (default 50 GB/s)")
-    p.add_argument("--link-latency", type=float, default=10.0, metavar="US",
-                   help="latency per message, µs (default 10)")
+    time = p.add_argument_group("the step time: compute and the network")
+    time.add_argument("--gpu", default=hardware.DEFAULT_GPU,
+                      help=f"a preset for FLOP/s, NVLink and memory: {', '.join(hardware.GPUS)} "
+                           f"(default {hardware.DEFAULT_GPU})")
+    time.add_argument("--tflops", type=float, default=None,
+                      help="peak TFLOPS per GPU instead of the preset's")
+    time.add_argument("--efficiency", type=float, default=hardware.DEFAULT_EFFICIENCY,
+                      help=f"achieved share of the peak (MFU, default "
+                           f"{hardware.DEFAULT_EFFICIENCY:g})")
+    time.add_argument("--gpus-per-node", type=int, default=hardware.GPUS_PER_NODE,
+                      help=f"GPUs per node on NVLink (default {hardware.GPUS_PER_NODE})")
+    time.add_argument("--node-bandwidth", type=float, default=None, metavar="GB_PER_S",
+                      help="NVLink per GPU, one way (default: the --gpu preset's)")
+    time.add_argument("--node-latency", type=float, default=hardware.NODE_LATENCY_US,
+                      metavar="US", help=f"inside a node, µs (default {hardware.NODE_LATENCY_US:g})")
+    time.add_argument("--link-bandwidth", type=float, default=50.0, metavar="GB_PER_S",
+                      help="across nodes, per GPU, one way (default 50 GB/s: InfiniBand NDR)")
+    time.add_argument("--link-latency", type=float, default=10.0, metavar="US",
+                      help="across nodes, latency per message, µs (default 10)")
     p.add_argument("--strategies", default=",".join(PLAN_STRATEGIES),
                    help=f"comma-separated, from {','.join(PLAN_STRATEGIES)} (default: all)")
     p.add_argument("--json", metavar="PATH", help="also write the plan to PATH as JSON")
@@ -83,14 +110,18 @@ def _model(args):
 def _checked(args, check_json_path) -> dict:
     for flag, value, ok, what in (
             ("--gpus", args.gpus, args.gpus >= 1, "a whole number >= 1"),
-            ("--gpu-mem", args.gpu_mem, 0 < args.gpu_mem < float("inf"), "a number of GB > 0"),
+            ("--gpu-mem", args.gpu_mem, args.gpu_mem is None or 0 < args.gpu_mem < float("inf"),
+             "a number of GB > 0"),
+            ("--micro-batches", args.micro_batches, args.micro_batches >= 1,
+             "a whole number >= 1"),
+            ("--efficiency", args.efficiency, 0 < args.efficiency <= 1, "a fraction in (0, 1]"),
             ("--micro-batch", args.micro_batch, args.micro_batch >= 1, "a whole number >= 1"),
             ("--link-bandwidth", args.link_bandwidth, 0 < args.link_bandwidth < float("inf"),
              "a number of GB/s > 0"),
             ("--link-latency", args.link_latency, 0 <= args.link_latency < float("inf"),
              "a number of µs >= 0")):
         if not ok:
-            raise ValueError(f"{flag} must be {what}, got {value:g}")
+            raise ValueError(f"{flag} must be {what}, got {value}")
     for flag in ("seq", "layers", "hidden", "heads", "vocab", "kv_heads", "ffn", "shard_size"):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -110,7 +141,11 @@ def _checked(args, check_json_path) -> dict:
             "checkpointing": args.checkpointing, "offload": args.offload,
             "prefetch": args.prefetch, "shard_size": args.shard_size,
             "bandwidth_gbs": args.link_bandwidth, "latency_us": args.link_latency,
-            "strategies": strategies}
+            "strategies": strategies, "reduce_dtype": args.reduce_dtype,
+            "reserve_gb": args.reserve_gb, "gpu": args.gpu, "tflops": args.tflops,
+            "efficiency": args.efficiency, "gpus_per_node": args.gpus_per_node,
+            "node_bandwidth_gbs": args.node_bandwidth, "node_latency_us": args.node_latency,
+            "micro_batches": args.micro_batches, "no_sync": args.no_sync}
 
 
 def plan_command(args, check_json_path) -> int:

@@ -38,31 +38,42 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from ..comm.ledger import ring_bytes
 from ..comm.link import Link
-from ..memory import CATEGORIES
-from ..theory import PARTS, StateBytes, UnitSize, fsdp_sent_bytes, persistent_bytes
+from ..theory import StateBytes
+from . import hardware
+from .peaks import Layout, memory
 from .shapes import PRESETS, ModelShape
+from .step_time import StepTime, compute_seconds, exposed_seconds, offload_seconds
+from .traffic import Levels, collectives, comm_seconds, sent_bytes
 
 PLAN_STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
-SHARDED = {"ddp": (), "zero1": ("optim",), "zero2": ("grads", "optim"), "fsdp": PARTS,
-           "hsdp": PARTS}
 PRECISIONS = {"fp32": (StateBytes(4, 4, 8), 4), "bf16-mixed": (StateBytes(2, 2, 12), 2)}
+REDUCE_DTYPES = {"fp32": ("fp32", 4), "float32": ("fp32", 4), "bf16": ("bf16", 2),
+                 "bfloat16": ("bf16", 2), "fp16": ("fp16", 2), "float16": ("fp16", 2)}
 UNITS_WITHOUT_SHAPE = 32  # a parameter count alone: assume 32 equal layers (a 7B-class depth)
+SEQ_WITHOUT_SHAPE = 2048  # ... and sequences of 2048 tokens for the compute
 
 
 @dataclass
 class StrategyPlan:
-    """One strategy's prediction, per GPU. ``by_category`` is the breakdown at the peak."""
+    """One strategy's prediction, per GPU. ``by_category`` is the breakdown at the peak;
+    ``fits``: peak + the plan's reserve <= the GPU's memory."""
 
     persistent_bytes: float
     peak_bytes: float
     by_category: dict[str, float]
     fits: bool
     sent_bytes_per_step: float
-    comm_seconds_per_step: float
+    comm_seconds_per_step: float          # every collective's α-β time, one after another
     peak_moment: str = ""
-    offloaded_bytes: float = 0.0
+    offloaded_bytes: float = 0.0          # per GPU, in host memory (offload=True)
+    step_seconds: float = 0.0             # compute + exposed communication + offload
+    compute_seconds: float = 0.0
+    exposed_comm_seconds: float = 0.0     # what the overlap does not hide
+    offload_seconds: float = 0.0          # PCIe copies and the CPU's Adam (offload=True)
+    pcie_bytes_per_step: float = 0.0
+    host_bytes_per_node: float = 0.0
+    gpu_hours_per_million_tokens: float = 0.0
 
 
 @dataclass
@@ -73,6 +84,10 @@ class Plan:
     precision: str
     strategies: dict[str, StrategyPlan] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    reserve_bytes: float = 0.0            # per GPU, kept free (see hardware.RESERVE)
+    reduce_dtype: str = "fp32"
+    tokens_per_gpu_per_step: int = 0
+    assumptions: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         """The JSON of ``fsdp-mini plan --json`` (see the README)."""
@@ -80,16 +95,29 @@ class Plan:
 
 
 def plan(params: float | None = None, *, model: str | ModelShape | None = None, gpus: int = 8,
-         gpu_mem_gb: float = 80.0, precision: str = "bf16-mixed", micro_batch: int = 1,
+         gpu_mem_gb: float | None = None, precision: str = "bf16-mixed", micro_batch: int = 1,
          seq: int | None = None, checkpointing: bool = False, offload: bool = False,
          prefetch: bool = False, shard_size: int | None = None, bandwidth_gbs: float = 50.0,
          latency_us: float = 10.0, bucket_mb: float = 25.0,
-         strategies: tuple[str, ...] = PLAN_STRATEGIES) -> Plan:
-    """Predict memory and communication per GPU for each strategy (see the module docstring).
+         strategies: tuple[str, ...] = PLAN_STRATEGIES, reduce_dtype=None,
+         reserve_gb: float | None = None, gpu: str = hardware.DEFAULT_GPU,
+         tflops: float | None = None, efficiency: float = hardware.DEFAULT_EFFICIENCY,
+         gpus_per_node: int = hardware.GPUS_PER_NODE, node_bandwidth_gbs: float | None = None,
+         node_latency_us: float = hardware.NODE_LATENCY_US, micro_batches: int = 1,
+         no_sync: bool = False) -> Plan:
+    """Predict memory, communication and step time per GPU for each strategy (see the module
+    docstring).
 
     Give ``params`` (a count, e.g. ``7e9``: activations are then not counted) or ``model`` (a
     preset name, ``"7b"``, ``"13b"``, ``"70b"``, or a :class:`ModelShape`). ``shard_size``
-    (hsdp's S) defaults to min(8, gpus). Example, the kit's tiny GPT on 2 ranks in fp32::
+    (hsdp's S) defaults to min(8, gpus). ``reduce_dtype``: the dtype gradients are reduced in,
+    ``"fp32"`` (None, the default: what ``parallelize`` does) or ``"bf16"``. ``reserve_gb``: memory
+    kept free per GPU (default :func:`~fsdp_mini.planner.hardware.default_reserve_gb`). The time:
+    ``gpu`` (a preset: A100, H100, H200) or ``tflops`` (peak per GPU) at ``efficiency``;
+    ``bandwidth_gbs`` and ``latency_us`` across nodes, ``node_bandwidth_gbs`` (default the GPU's
+    NVLink) and ``node_latency_us`` inside a node of ``gpus_per_node``. ``micro_batches`` per
+    step (gradient accumulation), reduced once under ``no_sync``. Example, the kit's tiny GPT on
+    2 ranks in fp32::
 
         >>> from fsdp_mini.planner.shapes import ModelShape
         >>> tiny = ModelShape(2, 32, 2, 64, 16, positions=16)
@@ -101,8 +129,14 @@ def plan(params: float | None = None, *, model: str | ModelShape | None = None, 
     sizes, act_bytes = _precision(precision)
     n = _whole("gpus", gpus)
     _whole("micro_batch", micro_batch)
-    if not (isinstance(gpu_mem_gb, (int, float)) and 0 < gpu_mem_gb < math.inf):
-        raise ValueError(f"gpu_mem_gb must be a number of GB > 0, e.g. 80, got {gpu_mem_gb!r}")
+    _whole("micro_batches", micro_batches)
+    device = hardware.gpu_named(gpu)
+    mem_gb = device.memory_gb if gpu_mem_gb is None else _positive("gpu_mem_gb", gpu_mem_gb, "GB")
+    reserve = hardware.default_reserve_gb(mem_gb) if reserve_gb is None else reserve_gb
+    if not (isinstance(reserve, (int, float)) and 0 <= reserve < mem_gb):
+        raise ValueError(f"reserve_gb must be a number of GB from 0 to below the GPU's "
+                         f"{mem_gb:g} GB, got {reserve!r}")
+    reduce_name, reduce_bytes = _reduce(reduce_dtype)
     s = min(8, n) if shard_size is None else _whole("shard_size", shard_size)
     if n % s:
         raise ValueError(f"shard_size {s} does not divide gpus {n}: hsdp needs groups of equal "
@@ -110,133 +144,51 @@ def plan(params: float | None = None, *, model: str | ModelShape | None = None, 
     unknown = [name for name in strategies if name not in PLAN_STRATEGIES]
     if unknown:
         raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(PLAN_STRATEGIES)}")
-    link = Link(bandwidth_gbs, latency_us)
+    peak_flops = device.tflops(precision) if tflops is None else \
+        _positive("tflops", tflops, "TFLOPS") * 1e12
+    if not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency must be a fraction of the peak in (0, 1], e.g. 0.4, got "
+                         f"{efficiency!r}")
+    node_gbs = device.nvlink_gbs if node_bandwidth_gbs is None else node_bandwidth_gbs
+    levels = Levels(Link(node_gbs, node_latency_us), Link(bandwidth_gbs, latency_us),
+                    _whole("gpus_per_node", gpus_per_node))
     model_tensors = _tensors(shape, params)
     acts = tuple(shape.activation_bytes(micro_batch, act_bytes, checkpointing, moment)
                  if shape else 0 for moment in ("forward end", "backward start", "backward"))
-    out = Plan(sum(t for _, t in model_tensors), n, gpu_mem_gb * 1e9, precision)
+    tokens = micro_batch * (shape.seq if shape else SEQ_WITHOUT_SHAPE) * micro_batches
+    out = Plan(sum(t for _, t in model_tensors), n, mem_gb * 1e9, precision,
+               reserve_bytes=reserve * 1e9, reduce_dtype=reduce_name,
+               tokens_per_gpu_per_step=tokens,
+               assumptions={"gpu": device.name if tflops is None else f"{tflops:g} TFLOPS",
+                            "peak_flops": peak_flops, "efficiency": efficiency,
+                            "node_link": levels.node.describe(),
+                            "across_nodes": levels.across.describe(),
+                            "gpus_per_node": gpus_per_node, "reserve": hardware.RESERVE
+                            if reserve_gb is None else f"{reserve_gb:g} GB (given)"})
     if shape is None:
         out.notes.append(f"activations not counted (give a model shape); units assumed to be "
-                         f"{UNITS_WITHOUT_SHAPE} equal layers")
-    layout = _Layout(model_tensors, sizes, int(bucket_mb * 2**20))
+                         f"{UNITS_WITHOUT_SHAPE} equal layers, sequences of {SEQ_WITHOUT_SHAPE}")
+    layout = Layout(model_tensors, sizes, int(bucket_mb * 2**20))
+    compute = compute_seconds(out.params, tokens, checkpointing, peak_flops, efficiency)
     for name in strategies:
         group = s if name == "hsdp" else n
-        out.strategies[name] = _strategy(name, layout, n, group, acts, prefetch, offload, link,
-                                         out.gpu_mem_bytes)
+        m = memory(name, layout, n, group, acts, prefetch, offload, reduce_bytes, no_sync,
+                   micro_batches)
+        ops = collectives(name, layout.pieces(name, n, group), n, group, sizes.params,
+                          reduce_bytes, levels, micro_batches, no_sync)
+        pcie, moved = offload_seconds(m.local_params, sizes.params, reduce_bytes,
+                                      device.pcie_gbs, hardware.HOST_GBS_PER_GPU) \
+            if offload and name != "ddp" else (0.0, 0.0)
+        time = StepTime(compute, exposed_seconds(name, ops, levels, compute, checkpointing,
+                                                 prefetch), moved)
+        out.strategies[name] = StrategyPlan(
+            m.persistent_bytes, m.peak_bytes, m.by_category,
+            m.peak_bytes + out.reserve_bytes <= out.gpu_mem_bytes, sent_bytes(ops),
+            comm_seconds(ops, levels), m.peak_moment, m.offloaded_bytes, time.seconds,
+            time.compute_seconds, time.exposed_comm_seconds, time.offload_seconds, pcie,
+            m.offloaded_bytes * min(gpus_per_node, n),
+            time.seconds / tokens * 1e6 / 3600)
     return out
-
-
-@dataclass
-class _Layout:
-    tensors: list[tuple[str, int]]
-    sizes: StateBytes
-    bucket_bytes: int
-
-    @property
-    def numel(self) -> int:
-        return sum(t for _, t in self.tensors)
-
-    def buckets(self) -> list[int]:
-        """Element counts of the gradient buckets, in gradient-ready (reverse) order."""
-        out, size = [[]], 0
-        for _, numel in reversed(self.tensors):
-            nbytes = numel * self.sizes.params
-            if out[-1] and size + nbytes > self.bucket_bytes:
-                out.append([])
-                size = 0
-            out[-1].append(numel)
-            size += nbytes
-        return [sum(b) for b in out if b]
-
-    def units(self) -> dict[str, int]:
-        """Element counts of the fsdp units: each layer, then the root (everything else)."""
-        units: dict[str, int] = {}
-        for unit, numel in self.tensors:
-            units[unit] = units.get(unit, 0) + numel
-        root = units.pop("root", 0)
-        return {**units, "root": root}
-
-
-def _padded(numel: int, n: int) -> int:
-    return -(-numel // n) * n if numel else n
-
-
-def _strategy(name, layout: _Layout, n, group, acts: tuple[int, ...], prefetch, offload, link,
-              mem) -> StrategyPlan:
-    sizes, sharded = layout.sizes, SHARDED[name]
-    if name in ("fsdp", "hsdp"):
-        pieces = [_padded(u, group) for u in layout.units().values()]
-    elif name in ("zero1", "zero2"):
-        pieces = [_padded(b, n) for b in layout.buckets()]
-    else:
-        pieces = layout.buckets()
-    padded = sum(pieces)
-    state = persistent_bytes(sharded, layout.numel, group, padded, sizes=sizes)
-    local = {p: getattr(sizes, p) * (padded / group if p in sharded else layout.numel)
-             for p in PARTS}
-    offloaded = sum(local[p] for p in sharded) if offload else 0.0
-    if offload:
-        local.update({p: 0.0 for p in sharded})
-    kept = {"params": local["params"], "optimizer_state": local["optim"]}
-    largest = max(t for _, t in layout.tensors) / (group if sharded else 1)
-    bucket = max(pieces) * sizes.grads  # the largest bucket's (or unit's) flat gradient
-    moments = {"forward end": {**kept, "activations": acts[0]},
-               "backward end": {**kept, "grads": local["grads"], "comm_buffers": bucket},
-               "optimizer step": {**kept, "grads": local["grads"],
-                                  "activations": 2 * 4 * largest}}  # Adam's temporaries
-    if name == "zero1":
-        # Note: zero1 keeps its full gradient buffer between steps and sends it at the step,
-        # into a shard (G/N) through a working copy of the bucket.
-        moments["forward end"]["grads"] = local["grads"]
-        moments["backward end"]["comm_buffers"] = 0.0
-        moments["optimizer step"].update(grads=local["grads"] * (1 + 1 / n),
-                                         comm_buffers=bucket, activations=0.0)
-    elif name == "zero2":
-        moments["backward end"]["comm_buffers"] = 2 * bucket  # the bucket's p.grad + flat copy
-    elif name in ("fsdp", "hsdp"):
-        layer = max(pieces[:-1], default=0)
-        gathered = (pieces[-1] + layer * (2 if prefetch else 1)) * sizes.params
-        moments["backward end"]["gathered_params"] = gathered
-        # Note: fsdp's forward-end peak comes a moment later, once the head has run its backward
-        # and the last layer is gathered again; and in backward the layer after the last one is
-        # gathered while the last one's flat gradient is still being reduce-scattered.
-        del moments["forward end"]
-        moments["backward start"] = {**kept, "gathered_params": gathered,
-                                     "activations": acts[1]}
-        moments["backward"] = {**kept, "gathered_params": gathered, "comm_buffers": layer *
-                               sizes.grads, "grads": layer * sizes.grads / group,
-                               "activations": acts[2]}
-    moment = max(moments, key=lambda k: sum(moments[k].values()))
-    by_category = {c: float(moments[moment].get(c, 0.0)) for c in CATEGORIES}
-    peak = sum(by_category.values())
-    sent, seconds = _traffic(name, pieces, layout, n, group, link)
-    return StrategyPlan(state, peak, by_category, peak <= mem, sent, seconds, moment, offloaded)
-
-
-def _traffic(name, pieces, layout: _Layout, n, group, link: Link) -> tuple[float, float]:
-    """(bytes sent per GPU per step, α-β seconds): the collectives each strategy issues."""
-    p, g = layout.sizes.params, layout.sizes.grads
-    ops: list[tuple[str, float, int]] = []  # (op, payload bytes, ranks)
-    if name == "ddp":
-        ops = [("all_reduce", b * g, n) for b in pieces]
-    elif name in ("zero1", "zero2"):
-        ops = [op for b in pieces for op in (("reduce_scatter", b * g, n),
-                                             ("all_gather", b * p, n))]
-    else:
-        units = [UnitSize(u, gathered_in_backward=i < len(pieces) - 1)
-                 for i, u in enumerate(pieces)]  # the root stays gathered for backward
-        for u in units:
-            ops += [("all_gather", u.trainable * p, group)] * (2 if u.gathered_in_backward else 1)
-            ops.append(("reduce_scatter", u.trainable * g, group))
-            if name == "hsdp":
-                ops.append(("all_reduce", u.trainable / group * g, n // group))
-        sent = fsdp_sent_bytes(units, group, p, g)
-        if name == "hsdp":
-            sent += sum(ring_bytes("all_reduce", u.trainable / group * g, n // group)
-                        for u in units)
-        return sent, sum(link.cost(op, b, k) for op, b, k in ops)
-    return (sum(ring_bytes(op, b, k) for op, b, k in ops),
-            sum(link.cost(op, b, k) for op, b, k in ops))
 
 
 def _tensors(shape: ModelShape | None, params) -> list[tuple[str, int]]:
@@ -273,31 +225,23 @@ def _precision(precision: str) -> tuple[StateBytes, int]:
     return PRECISIONS[precision]
 
 
+def _reduce(dtype) -> tuple[str, int]:
+    """("fp32", 4) for None, "fp32" or torch.float32; ("bf16", 2) for "bf16", torch.bfloat16."""
+    name = "fp32" if dtype is None else str(dtype).removeprefix("torch.")
+    if name not in REDUCE_DTYPES:
+        raise ValueError(f"reduce_dtype must be None (fp32, parallelize's default), 'fp32', "
+                         f"'bf16' or 'fp16' (or a torch dtype), got {dtype!r}")
+    return REDUCE_DTYPES[name]
+
+
+def _positive(name: str, value, unit: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a number of {unit} > 0, got {value!r}")
+    return float(value)
+
+
 def _whole(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
     return value
-
-
-def format_plan(p: Plan) -> str:
-    """The terminal table of ``fsdp-mini plan``: bytes per GPU by category (GB, or MB / kB for
-    small models), whether it fits, bytes sent and α-β seconds per step."""
-    peak = max((s.peak_bytes for s in p.strategies.values()), default=0)
-    unit, scale = next((u, f) for u, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3), ("B", 1))
-                       if peak >= f or f == 1)
-    cats = ("params", "grads", "optimizer_state", "gathered_params", "comm_buffers", "activations")
-    short = ("param", "grads", "optim", "gathr", "comm", "activ")
-    head = (f"{'strategy':<8} {'state ' + unit:>8} " + " ".join(f"{s:>7}" for s in short)
-            + f" {'peak ' + unit:>8} {'fits':>4} {'sent ' + unit + '/step':>12}"
-            f" {'comm s/step':>11}  peak at")
-    title = (f"Ψ = {p.params:,} parameters, {p.gpus} GPUs of {p.gpu_mem_bytes / 1e9:g} GB, "
-             f"{p.precision}")
-    lines = [title, head, "-" * len(head)]
-    for name, s in p.strategies.items():
-        cat = " ".join(f"{s.by_category[c] / scale:7.2f}" for c in cats)
-        lines.append(f"{name:<8} {s.persistent_bytes / scale:8.2f} {cat}"
-                     f" {s.peak_bytes / scale:8.2f} {'yes' if s.fits else 'NO':>4}"
-                     f" {s.sent_bytes_per_step / scale:12.3f} {s.comm_seconds_per_step:11.3g}"
-                     f"  {s.peak_moment}")
-    lines += [f"note: {n}" for n in p.notes]
-    return "\n".join(lines)

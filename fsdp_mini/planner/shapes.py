@@ -121,7 +121,8 @@ class ModelShape:
         gradient of the residual stream (2d per token), the layer's two largest weight
         gradients before they are flattened (2 d x ffn) and an untied head's weight gradient
         (vocab x d, reduced with the root at the end of backward). With ``checkpointing`` each layer keeps
-        only its input (d per token) and the layer in backward is recomputed whole."""
+        only its input (d per token) and the layer in backward is recomputed whole (the last one
+        right at backward start)."""
         d, f, tokens = self.d_model, self.ffn_size, micro_batch * self.seq
         llama = self.style == "llama"
         stats = 1 if llama else 2  # fp32 statistics per norm and token
@@ -131,7 +132,10 @@ class ModelShape:
         head_grad = 0 if self.tie_weights else self.vocab * d * elem_bytes
         if moment in ("forward end", "backward start"):
             around = (2 * d + 3 * self.vocab) * elem_bytes + stats * 4
-            return (tokens * (around + self.n_layer * kept)
+            # Note: with checkpointing the last layer is recomputed as soon as the head has run
+            # its backward, while the head's tensors are still alive.
+            again = layer if checkpointing and moment == "backward start" else 0
+            return (tokens * (around + self.n_layer * kept + again)
                     + (head_grad if moment == "backward start" else 0))
         if moment == "backward":
             working = (layer if checkpointing else 0) + 2 * d * elem_bytes

@@ -212,7 +212,8 @@ def comparison(data) -> Figure:
 
 def plan_bars(plan, ax=None) -> Figure:
     """The planner's figure: one stacked bar per strategy (predicted peak bytes per GPU, by
-    category) and a line at the GPU's memory. ``plan``: a :class:`fsdp_mini.planner.plan.Plan`."""
+    category), a line at the GPU's memory and one at what is left after the reserve (what
+    "fits" compares with). ``plan``: a :class:`fsdp_mini.planner.plan.Plan`."""
     ax = _ax(ax, (7, 3.6))
     names = list(plan.strategies)
     bottoms = [0.0] * len(names)
@@ -225,6 +226,9 @@ def plan_bars(plan, ax=None) -> Figure:
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.axhline(plan.gpu_mem_bytes / scale, color="#222222", ls="--", lw=1.2,
                label=f"GPU memory ({plan.gpu_mem_bytes / 1e9:g} GB)")
+    usable = plan.gpu_mem_bytes - getattr(plan, "reserve_bytes", 0.0)
+    ax.axhline(usable / scale, color="#b03030", ls=":", lw=1.2,
+               label=f"less the reserve ({usable / 1e9:.3g} GB)")
     for i, n in enumerate(names):
         ax.text(i, bottoms[i], "fits" if plan.strategies[n].fits else "does not fit",
                 ha="center", va="bottom", fontsize=8)

@@ -3,8 +3,9 @@
     from fsdp_mini.widgets.planner import Planner
     Planner()          # in a notebook cell: controls, stacked bars per strategy, a table
 
-Controls: model (a preset or a parameter count), GPUs, GPU memory, precision, micro-batch,
-activation checkpointing, offload, link bandwidth. Every change re-plans
+Controls: model (a preset or a parameter count), GPUs, GPU memory, the GPU (its FLOP/s and
+NVLink), precision, the dtype gradients are reduced in, micro-batch, activation checkpointing,
+offload, the bandwidth across nodes. Every change re-plans
 (:func:`fsdp_mini.plan`) and redraws the bars of :func:`fsdp_mini.plots.plan_bars` as a PNG in
 an ``Image`` widget (no ipympl needed: it updates in any front-end); ``figure`` keeps the last
 matplotlib Figure for slides and static exports.
@@ -17,7 +18,9 @@ import io
 import ipywidgets as W
 
 from .. import plots
-from ..planner.plan import PRECISIONS, format_plan, plan
+from ..planner import hardware
+from ..planner.plan import PRECISIONS, plan
+from ..planner.table import format_plan
 from ..planner.shapes import PRESETS
 
 PARAM_CHOICES = {"1B (params only)": 1e9, "7B (params only)": 7e9, "13B (params only)": 13e9,
@@ -39,14 +42,19 @@ class Planner(W.VBox):
             "gpus": W.IntSlider(value=gpus, min=1, max=1024, description="GPUs"),
             "gpu_mem_gb": W.FloatSlider(value=gpu_mem_gb, min=8, max=192, step=8,
                                         description="GPU GB"),
+            "gpu": W.Dropdown(options=list(hardware.GPUS), value=hardware.DEFAULT_GPU,
+                              description="GPU"),
             "precision": W.Dropdown(options=list(PRECISIONS), value=precision,
                                     description="precision"),
+            "reduce_dtype": W.Dropdown(options=["fp32", "bf16"], value="fp32",
+                                       description="reduce in"),
             "micro_batch": W.IntSlider(value=1, min=1, max=16, description="micro-batch"),
             "checkpointing": W.Checkbox(value=False, description="activation checkpointing"),
             "offload": W.Checkbox(value=False, description="offload sharded state"),
             # Note: round values, not a log slider: a log slider snaps 50 to 10^1.7 = 50.12 in the
             # browser and sends that back, so the table would not be plan(bandwidth_gbs=50)'s.
-            "bandwidth_gbs": W.SelectionSlider(options=LINK_GBS, value=50, description="link GB/s"),
+            "bandwidth_gbs": W.SelectionSlider(options=LINK_GBS, value=50,
+                                               description="nodes GB/s"),
         }
         self.image = W.Image(format="png")
         self.table = W.HTML()
@@ -54,7 +62,7 @@ class Planner(W.VBox):
         self.figure = None
         for control in c.values():
             control.observe(lambda _: self.redraw(), names="value")
-        self.children = [W.HBox([W.VBox(list(c.values())[:4]), W.VBox(list(c.values())[4:])]),
+        self.children = [W.HBox([W.VBox(list(c.values())[:5]), W.VBox(list(c.values())[5:])]),
                          self.image, self.table]
         self.redraw()
 
