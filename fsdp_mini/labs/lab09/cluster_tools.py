@@ -14,8 +14,11 @@ those while importing), so a job with one costs a few seconds more than a plain 
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import statistics
+import tempfile
 import time
 from typing import Any, NamedTuple, Optional
 
@@ -28,22 +31,29 @@ from ...launcher import LaunchError, launch
 from .runs import debug_batch, debug_net, debug_sgd
 
 DETAIL_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+# Note: INIT prints the rings (rank 0's "Channel NN/MM :" lines) and the transports chosen;
+# GRAPH the topology search, NET the network plugin and interface, ENV the NCCL_* settings read
+NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,GRAPH,NET,ENV"}
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JOB_TIMEOUT = 10     # seconds a collective may wait in a job of this section
 JOB_DEADLINE = 60    # seconds a whole job may take
 
 
 class JobRun(NamedTuple):
-    """A finished job: its ranks' return values, or the error it failed with; its wall time."""
+    """A finished job: its ranks' return values, or the error it failed with; its wall time;
+    each rank's log (what it printed, C++ libraries' lines included) when asked for."""
     results: Optional[list]
     error: Optional[LaunchError]
     seconds: float
+    logs: Optional[dict] = None
 
 
-def run_job(fn, world_size: int, *args, env: Optional[dict] = None,
-            timeout: float = JOB_TIMEOUT, deadline: float = JOB_DEADLINE) -> JobRun:
-    """``fsdp_mini.launch(fn, world_size, *args)`` on gloo with ``env`` added to the ranks'
-    environment; a failure is returned in ``.error``, not raised.
+def run_job(fn, world_size: int, *args, env: Optional[dict] = None, backend: str = "gloo",
+            timeout: float = JOB_TIMEOUT, deadline: float = JOB_DEADLINE,
+            keep_logs: bool = False) -> JobRun:
+    """``fsdp_mini.launch(fn, world_size, *args)`` with ``env`` added to the ranks'
+    environment; a failure is returned in ``.error``, not raised; ``keep_logs``: the ranks'
+    logs in ``.logs`` (rank → text).
 
     Example: ``run_job(mismatched_all_reduce, 2, env=DETAIL_ENV).error.message`` is torch's
     own report of the mismatch.
@@ -51,13 +61,28 @@ def run_job(fn, world_size: int, *args, env: Optional[dict] = None,
     if env is not None and not all(isinstance(k, str) and isinstance(v, str)
                                    for k, v in dict(env).items()):
         raise TypeError(f"env must map names to strings, e.g. {DETAIL_ENV}; got {env!r}")
-    started = time.perf_counter()
+    log_dir = tempfile.mkdtemp(prefix="fsdp_mini_job_") if keep_logs else None
+    started, results, error = time.perf_counter(), None, None
     try:
-        results = launch(fn, world_size, *args, backend="gloo", timeout=timeout,
-                         deadline=deadline, env=env)
-        return JobRun(results, None, time.perf_counter() - started)
+        results = launch(fn, world_size, *args, backend=backend, timeout=timeout,
+                         deadline=deadline, env=env, log_dir=log_dir)
     except LaunchError as err:
-        return JobRun(None, err, time.perf_counter() - started)
+        error = err
+    finally:
+        logs = _read_logs(log_dir) if log_dir else {}
+        if log_dir:
+            shutil.rmtree(log_dir, ignore_errors=True)
+    return JobRun(results, error, time.perf_counter() - started, logs)
+
+
+def _read_logs(log_dir) -> dict:
+    logs = {}
+    for path in glob.glob(os.path.join(log_dir, "rank*.log")):
+        rank = os.path.basename(path)[len("rank"):-len(".log")]
+        if rank.isdigit():
+            with open(path, errors="replace") as f:
+                logs[int(rank)] = f.read()
+    return logs
 
 
 def is_library(path: str) -> bool:
@@ -83,6 +108,14 @@ def mismatched_all_reduce(rank: int, world_size: int, numel: int = 4) -> str:
     dist.all_reduce(torch.ones(numel))                 # the same on every rank: fine
     dist.all_reduce(torch.ones(numel - (rank == 1)))   # the bug: another shape on rank 1
     return "done"
+
+
+def nccl_all_reduce(rank: int, world_size: int) -> float:
+    """One all-reduce on this rank's GPU (run it with ``backend="nccl"``): the sum of ranks."""
+    tensor = torch.full((1024,), float(rank), device=f"cuda:{torch.cuda.current_device()}")
+    dist.all_reduce(tensor)
+    torch.cuda.synchronize()
+    return tensor[0].item()
 
 
 def backend_name(group=None) -> str:
@@ -122,7 +155,9 @@ def detail_overhead(world_size: int, steps: int = 20) -> dict[str, Any]:
     if not isinstance(steps, int) or steps < 3:
         raise ValueError(f"steps must be an int of at least 3 (a median of a few); got {steps!r}")
     out = {}
-    for name, env in (("off", None), ("detail", DETAIL_ENV)):
+    # Note: DETAIL first, right after the section's other DETAIL job: a TORCH_* variable
+    # restarts the launcher's warm-start helper, and in this order it restarts once less
+    for name, env in (("detail", DETAIL_ENV), ("off", None)):
         job = run_job(timed_fsdp_steps, world_size, steps, env=env)
         if job.error is not None:
             raise RuntimeError(f"the timed job ({name}) failed:\n{job.error}") from job.error

@@ -2,13 +2,16 @@
 
 The flight recorder keeps, in each rank, a ring of the last collectives it issued (op, sizes,
 sequence number, Python stack). With NCCL its watchdog writes the ring to a file when a
-collective times out; gloo records too (torch >= 2.8) but writes nothing by itself (checked on
-torch 2.13: no file appears), so ``recorded(fn, folder)`` dumps it when ``fn`` raises::
+collective times out. gloo records too (checked on torch 2.13; gloo's recorder came with
+pytorch#152614, 2025) but writes nothing by itself (on 2.13 no file appears when its collective
+times out, whatever TORCH_FR_DUMP_TEMP_FILE says), so ``recorded(fn, folder)`` dumps it when
+``fn`` raises::
 
     folder = tempfile.mkdtemp()
     job = run_job(recorded(train, folder), 2, env=RECORDER_ENV, timeout=3)   # it hangs
-    behind = who_is_behind(read_dumps(folder))   # the rank that issued fewer collectives
-    print(analyse_flight_recorder(folder))                    # torch.distributed.flight_recorder.fr_trace
+    dumps = read_dumps(folder)                   # rank -> torch's dump (a dict)
+    first_divergence(dumps)                      # the first collective the ranks disagree on
+    print(analyse_flight_recorder(folder).text)   # torch.distributed.flight_recorder.fr_trace
 
 Note: torch 2.13's gloo files its group in the dump under an empty name while each entry names
 the group ("0"), and torch's analyser then fails (KeyError ('0', 0)). The dump is written with
@@ -17,11 +20,13 @@ the group's name filled in from its entries; nothing else is changed.
 
 from __future__ import annotations
 
+import linecache
 import os
 import pickle
 import subprocess
 import sys
 from functools import partial
+from typing import NamedTuple
 
 import torch
 
@@ -33,6 +38,11 @@ RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000"}
 DUMP_PREFIX = "rank_"     # the analyser reads the rank from the name: rank_0, rank_1, ...
 ANALYSER = "torch.distributed.flight_recorder.fr_trace"
 ANALYSER_TIMEOUT = 60     # seconds
+
+
+def flight_recorder_on_gloo() -> bool:
+    """Does this torch have the call that dumps the flight recorder of gloo ranks?"""
+    return hasattr(torch._C._distributed_c10d, "_dump_fr_trace")
 
 
 def recorded(fn, folder: str):
@@ -58,11 +68,10 @@ def _run_then_dump_on_failure(fn, folder, rank, world_size, *args):
 
 def write_dump(path: str) -> dict:
     """This rank's flight recorder, as torch dumps it (a pickled dict), written to ``path``."""
-    dump_fn = getattr(torch._C._distributed_c10d, "_dump_fr_trace", None)
-    if dump_fn is None:
+    if not flight_recorder_on_gloo():
         raise RuntimeError(f"torch {torch.__version__} has no flight recorder dump for gloo "
                            "(torch._C._distributed_c10d._dump_fr_trace); it needs torch >= 2.8")
-    dump = _name_the_groups(pickle.loads(dump_fn()))
+    dump = _name_the_groups(pickle.loads(torch._C._distributed_c10d._dump_fr_trace()))
     with open(path, "wb") as f:
         pickle.dump(dump, f)
     return dump
@@ -98,24 +107,38 @@ def last_collective(dump: dict) -> dict:
 
 
 def _short(entry: dict) -> dict:
+    frames = [(f.get("filename", ""), f.get("line"), f.get("name")) for f in entry.get("frames") or []]
+    line = user_frame(frames)
+    where = next(((path, n) for path, n, _ in frames if line.endswith(f"{path}:{n}")), None)
     return {"seq": entry["collective_seq_id"], "op": entry["profiling_name"],
-            "sizes": entry["input_sizes"], "line": user_frame((f.get("filename", ""), f.get("line"), f.get("name"))
-                               for f in entry.get("frames") or [])}
+            "sizes": entry["input_sizes"], "line": line,
+            "source": linecache.getline(*where).strip() if where else ""}
 
 
 def first_divergence(dumps: dict[int, dict]) -> dict | None:
     """The first collective (by sequence number) that the ranks issued from different places
-    or as different ops: ``{"seq": 8, "by_rank": {0: last-collective-like dict, 1: ...}}``;
-    None if all the entries they share agree. Note: torch's analyser matches op and sizes only,
-    so two all-gathers of one size from different lines pass it; the stacks tell them apart."""
-    entries = {rank: {e["collective_seq_id"]: e for e in d.get("entries") or []}
-               for rank, d in dumps.items()}
+    or as different ops, or None if all the entries they share agree::
+
+        {"seq": 8, "by_rank": {0: {"op": "gloo:all_gather", "source": "norm = ...", ...}, 1: ...},
+         "one_ahead": [0]}   # rank 0's next entry is what the others issued at 8: an extra one
+
+    Note: torch's analyser matches op and sizes only, so two all-gathers of one size from
+    different lines pass it; the stacks tell them apart.
+    """
+    entries = {rank: {e["collective_seq_id"]: _short(e) for e in d.get("entries") or []}
+               for rank, d in sorted(dumps.items())}
     shared = sorted(set.intersection(*(set(e) for e in entries.values()))) if entries else []
     for seq in shared:
-        seen = {rank: _short(es[seq]) for rank, es in sorted(entries.items())}
-        if len({(c["op"], str(c["sizes"]), c["line"]) for c in seen.values()}) > 1:
-            return {"seq": seq, "by_rank": seen}
+        seen = {rank: es[seq] for rank, es in entries.items()}
+        if len({_call(c) for c in seen.values()}) > 1:
+            ahead = [r for r, es in entries.items() if seq + 1 in es and all(
+                _call(es[seq + 1]) == _call(seen[o]) for o in entries if o != r)]
+            return {"seq": seq, "by_rank": seen, "one_ahead": ahead}
     return None
+
+
+def _call(c: dict) -> tuple:
+    return c["op"], str(c["sizes"]), c["line"]
 
 
 def who_is_behind(dumps: dict[int, dict]) -> dict:
@@ -130,9 +153,19 @@ def who_is_behind(dumps: dict[int, dict]) -> dict:
     return {"behind": [r for r, c in last.items() if c["seq"] == fewest], "last": last}
 
 
-def analyse_flight_recorder(folder: str, *more_args: str) -> str:
-    """What torch's analyser prints for the dumps in ``folder``
-    (``python -m torch.distributed.flight_recorder.fr_trace FOLDER -p rank_``)."""
+class Analysis(NamedTuple):
+    """What torch's analyser printed, and its exit status (0: it ran to the end)."""
+    returncode: int
+    text: str
+
+
+def analyse_flight_recorder(folder: str, *more_args: str) -> Analysis:
+    """Run torch's analyser on the dumps in ``folder``
+    (``python -m torch.distributed.flight_recorder.fr_trace FOLDER -p rank_``).
+
+    Example: ``analyse_flight_recorder(folder).text`` → "Collective sequence number: 9 has
+    errors ...".
+    """
     command = [sys.executable, "-m", ANALYSER, folder, "-p", DUMP_PREFIX, *more_args]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -141,6 +174,4 @@ def analyse_flight_recorder(folder: str, *more_args: str) -> str:
         if proc.poll() is None:  # Note: timed out (or interrupted): no analyser is left behind
             proc.kill()
             proc.wait()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed (exit {proc.returncode}):\n{out[-3000:]}")
-    return out
+    return Analysis(proc.returncode, out)
