@@ -133,9 +133,11 @@ def plan(params: float | None = None, *, model: str | ModelShape | None = None, 
     device = hardware.gpu_named(gpu)
     mem_gb = device.memory_gb if gpu_mem_gb is None else _positive("gpu_mem_gb", gpu_mem_gb, "GB")
     reserve = hardware.default_reserve_gb(mem_gb) if reserve_gb is None else reserve_gb
-    if not (isinstance(reserve, (int, float)) and 0 <= reserve < mem_gb):
+    if reserve_gb is not None and not (isinstance(reserve_gb, (int, float))
+                                       and not isinstance(reserve_gb, bool)
+                                       and 0 <= reserve_gb < mem_gb):
         raise ValueError(f"reserve_gb must be a number of GB from 0 to below the GPU's "
-                         f"{mem_gb:g} GB, got {reserve!r}")
+                         f"{mem_gb:g} GB, got {reserve_gb!r}")
     reduce_name, reduce_bytes = _reduce(reduce_dtype)
     s = min(8, n) if shard_size is None else _whole("shard_size", shard_size)
     if n % s:

@@ -1,11 +1,12 @@
 """Lab 07, reference solution: the cheapest configuration whose planned peak fits the GPUs.
 
 Try every candidate: each strategy, each precision, with and without activation checkpointing.
-Keep those whose *peak* (not only the state kept between steps) fits the GPU's memory, the
-activations included (give plan the model's shape, not a parameter count). The cheapest is the
-one that sends the fewest bytes per GPU per step; at equal bytes, no recomputation beats
-checkpointing, and the less sharded strategy comes first. GPU memory is in GB (10**9 bytes), as
-the planner takes it.
+Keep those whose *peak* (not only the state kept between steps) fits the GPU's memory with the
+planner's reserve kept free (``.fits``), the activations included (give plan the model's shape,
+not a parameter count). The cheapest is the one whose step is fastest (``step_seconds``: the
+compute, plus the communication the overlap does not hide): on a fixed number of GPUs, the
+fewest GPU-hours per token. At equal times no recomputation beats checkpointing, and the less
+sharded strategy comes first. GPU memory is in GB (10**9 bytes), as the planner takes it.
 """
 
 import fsdp_mini
@@ -23,7 +24,7 @@ def cheapest_fit(model, gpus, gpu_mem_gb, micro_batch=1):
                                micro_batch=micro_batch, checkpointing=checkpointing,
                                strategies=STRATEGIES)
             for strategy, s in p.strategies.items():
-                cost = (s.sent_bytes_per_step, checkpointing, STRATEGIES.index(strategy))
+                cost = (s.step_seconds, checkpointing, STRATEGIES.index(strategy))
                 if s.fits and (best_cost is None or cost < best_cost):
                     best_cost = cost
                     best = {"strategy": strategy, "precision": precision,

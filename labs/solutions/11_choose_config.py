@@ -23,7 +23,8 @@ def choose_config(model, gpus, gpu_mem_gb, micro_batch, headroom):
         for checkpointing in (False, True):
             p = fsdp_mini.plan(model=model, gpus=gpus, gpu_mem_gb=gpu_mem_gb, precision=precision,
                                micro_batch=micro_batch, checkpointing=checkpointing,
-                               strategies=STRATEGIES)
+                               strategies=STRATEGIES,
+                               reduce_dtype="bf16" if precision == "bf16-mixed" else None)
             for strategy, s in p.strategies.items():
                 cost = (s.sent_bytes_per_step, checkpointing, STRATEGIES.index(strategy))
                 if s.peak_bytes <= limit and (best_cost is None or cost < best_cost):

@@ -10,7 +10,7 @@ EX = "07_cheapest_fit"
 SOLUTION = (Path(__file__).resolve().parents[2] / "labs" / "solutions" / f"{EX}.py").read_text()
 FITS = "if s.fits and"
 MEM = "gpu_mem_gb * 1e9"
-COST = "cost = (s.sent_bytes_per_step, checkpointing, STRATEGIES.index(strategy))"
+COST = "cost = (s.step_seconds, checkpointing, STRATEGIES.index(strategy))"
 
 
 def variant(*edits):
@@ -51,12 +51,12 @@ WRONG = [
           ("you compared with gib (2^30 b); the budget is in gb (10^9 b)",)),
     Wrong(EX, "the smallest peak taken for the cheapest", check((COST, "cost = s.peak_bytes")),
           ("you picked the configuration with the smallest peak",)),
-    Wrong(EX, "at equal bytes, the more sharded strategy first",
-          check((COST, "cost = (s.sent_bytes_per_step, checkpointing, -STRATEGIES.index(strategy))")),
-          ("at equal bytes (and checkpointing), the less sharded strategy comes first",)),
-    Wrong(EX, "at equal bytes, checkpointing first",
-          check((COST, "cost = (s.sent_bytes_per_step, not checkpointing, STRATEGIES.index(strategy))")),
-          ("at equal bytes, no checkpointing comes first",)),
+    Wrong(EX, "the fewest bytes taken for the cheapest (bytes are not time)",
+          check((COST, "cost = (s.sent_bytes_per_step, checkpointing, STRATEGIES.index(strategy))")),
+          ("you picked the configuration that sends the fewest bytes", "step_seconds")),
+    Wrong(EX, "the peak compared with the whole GPU, the reserve left out",
+          check((FITS, f"if s.peak_bytes <= {MEM} and")),
+          ("fit to the last byte", "reserve")),
     Wrong(EX, "micro_batch not passed to plan", check(("micro_batch=micro_batch, ", "")),
           ("micro_batch",)),
     Wrong(EX, "the first candidate that fits, bytes not compared",

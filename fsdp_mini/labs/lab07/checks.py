@@ -5,14 +5,18 @@ options, ``measure_options``, are in ``runs.py``).
     labs.describe({"strategy": "fsdp", "precision": "bf16-mixed", "checkpointing": True})
 
 GPU memory is in GB (10⁹ bytes) here, as GPUs are sold and as ``fsdp_mini.plan(gpu_mem_gb=...)``
-takes it. Example: on ``Budget("7b", 4, 48, 1)`` (4 GPUs of 48 GB) the cheapest that fits is
-zero2, bf16-mixed, with checkpointing; zero1 would send as little but its peak is over 48 GB.
+takes it. A configuration fits when its planned peak plus the planner's reserve (the CUDA
+context, NCCL's buffers, fragmentation: ``Plan.reserve_bytes``) is at most the GPU's memory, as
+``StrategyPlan.fits`` says; the cheapest is the one whose step is fastest (compute, plus the
+communication the overlap does not hide: ``step_seconds``), which on a fixed number of GPUs is the
+fewest GPU-hours per token.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ...planner.hardware import default_reserve_gb
 from ...planner.plan import plan
 from ...planner.shapes import PRESETS, ModelShape
 from ..common.configurations import PRECISIONS, STRATEGIES, describe, what_is_invalid
@@ -47,7 +51,8 @@ class Budget:
 # Note: chosen so that each mistake below gives a different set of answers, with a 7B, a 70B,
 # one budget where nothing fits, and some where a few GB decide.
 BUDGETS = (Budget("1.3b", 2, 16, 4), Budget("7b", 2, 94, 1), Budget("7b", 8, 24, 1),
-           Budget("7b", 4, 48, 1), Budget("70b", 16, 80, 1), Budget("70b", 4, 80, 1))
+           Budget("7b", 4, 48, 1), Budget("70b", 16, 80, 1), Budget("70b", 4, 80, 1),
+           Budget("1.3b", 4, 40, 8))
 
 # mistake: (the plain words, the hint); _search says what each one counts
 MISTAKES = {
@@ -62,6 +67,13 @@ MISTAKES = {
          "optimizer state (12 bytes per parameter in bf16-mixed: fp32 master copy, m and v)"),
         ("count the whole peak: parameters, gradients, Adam's state, gathered units, buffers, "
          "activations: plan()'s peak_bytes"),
+    ),
+    "no reserve": (
+        ("your configurations fit to the last byte: you compared the peak with the whole GPU and "
+         "left out the reserve the planner keeps free (the CUDA context, NCCL's buffers, "
+         "fragmentation)"),
+        ("use .fits, which compares peak_bytes + the plan's reserve_bytes with the memory: a job "
+         "planned to the last GB fails on the real GPU"),
     ),
     "no fit check": (
         ("you chose ddp where it cannot fit: your answers are the cheapest configuration "
@@ -92,19 +104,25 @@ MISTAKES = {
     "GiB": (
         ("you compared with GiB (2^30 B); the budget is in GB (10^9 B): your answers fit "
          "gpu_mem_gb x 2^30 bytes"),
-        "compare peak_bytes with gpu_mem_gb * 1e9 (or use .fits, which plan() computes in GB)",
+        "use .fits, which plan() computes in GB (10^9 B) with the reserve kept free",
     ),
     "smallest peak": (
-        ("you picked the configuration with the smallest peak: here the cheapest is the one "
-         "that sends the fewest bytes per step, among those that fit"),
-        ("keep the candidates that fit, then compare their sent_bytes_per_step (what the link "
-         "pays); at equal bytes, no checkpointing first, then the less sharded strategy"),
+        ("you picked the configuration with the smallest peak: the cheapest is the one whose "
+         "step is fastest, among those that fit"),
+        ("keep the candidates that fit, then compare their step_seconds (compute + the "
+         "communication the overlap does not hide): GPU-hours are what a job pays"),
+    ),
+    "fewest bytes": (
+        ("you picked the configuration that sends the fewest bytes: bytes are not time. "
+         "Checkpointing recomputes the forward (8Ψ FLOPs per token instead of 6Ψ), and DDP hides "
+         "its all-reduce behind backward while zero1 waits for its collectives at the step"),
+        ("compare step_seconds, the planner's compute plus the communication it cannot hide, "
+         "not sent_bytes_per_step"),
     ),
     "first fit": (
-        ("you kept the first configuration that fits: the cheapest is the one that sends the "
-         "fewest bytes per step among all those that fit"),
-        ("try every candidate, keep those that fit, and compare their sent_bytes_per_step; at "
-         "equal bytes, no checkpointing first, then the less sharded strategy"),
+        ("you kept the first configuration that fits: the cheapest is the one whose step is "
+         "fastest among all those that fit"),
+        "try every candidate, keep those that fit, and compare their step_seconds",
     ),
     "micro batch": (
         ("your answers are those of a micro-batch of 1: pass micro_batch to plan (the "
@@ -115,8 +133,12 @@ MISTAKES = {
 }
 
 
-# Note: how a slip about the memory reads the budget (in bytes): the plan() default, or GiB.
-MEMORY_SLIPS = {"default memory": lambda mem: 80e9, "GiB": lambda mem: mem / 1e9 * 2**30}
+# Note: how a slip about the memory reads the budget: (bytes, reserve kept free): the plan()
+# default (through .fits: 80 GB less its reserve), or GiB compared by hand (no reserve).
+MEMORY_SLIPS = {"default memory": lambda mem: (80e9, default_reserve_gb(80) * 1e9),
+                "GiB": lambda mem: (mem / 1e9 * 2**30, 0.0)}
+# Note: the mistakes that compare a figure with the memory by hand, not through .fits
+BY_HAND = ("adam", "persistent", "no reserve")
 
 
 def _plans(budget: Budget) -> dict:
@@ -135,8 +157,9 @@ def _plans(budget: Budget) -> dict:
 
 def _search(plans: dict, mem_bytes: float, mistake: str | None = None):
     """The cheapest fitting configuration, as the reference does, or as ``mistake`` would."""
+    reserve = default_reserve_gb(mem_bytes / 1e9) * 1e9 if mistake not in BY_HAND else 0.0
     if mistake in MEMORY_SLIPS:
-        mem_bytes, mistake = MEMORY_SLIPS[mistake](mem_bytes), None
+        (mem_bytes, reserve), mistake = MEMORY_SLIPS[mistake](mem_bytes), None
     best, best_cost = None, None
     for key, p in plans.items():
         if (key[0] == "params") != (mistake == "activations"):
@@ -149,8 +172,9 @@ def _search(plans: dict, mem_bytes: float, mistake: str | None = None):
                     "persistent": s.persistent_bytes, "no fit check": 0.0}.get(mistake,
                                                                               s.peak_bytes)
             cost = ((s.peak_bytes,) if mistake == "smallest peak" else
-                    (s.sent_bytes_per_step, ck, STRATEGIES.index(name)))
-            if used <= mem_bytes and (best_cost is None or (cost < best_cost
+                    (s.sent_bytes_per_step, ck, STRATEGIES.index(name)) if mistake ==
+                    "fewest bytes" else (s.step_seconds, ck, STRATEGIES.index(name)))
+            if used + reserve <= mem_bytes and (best_cost is None or (cost < best_cost
                                                             and mistake != "first fit")):
                 best, best_cost = {"strategy": name, "precision": prec, "checkpointing": ck}, cost
     return best
@@ -163,19 +187,25 @@ def _smallest_peak(plans: dict) -> float:
 
 def _judge(result: CheckResult, budget: Budget, plans: dict, answer, want) -> None:
     mem = budget.gpu_mem_gb * 1e9
+    reserve = default_reserve_gb(budget.gpu_mem_gb) * 1e9
     if answer == want:
         if want is None:
             result.ok(f"{budget}: nothing fits, rightly (the smallest peak is "
                       f"{_smallest_peak(plans) / 1e9:.0f} GB)")
             return
         s = plans[(want["precision"], want["checkpointing"])].strategies[want["strategy"]]
-        result.ok(f"{budget}: {describe(want)}: peak {s.peak_bytes / 1e9:.1f} GB, "
-                  f"{s.sent_bytes_per_step / 1e9:.1f} GB sent per GPU per step")
+        result.ok(f"{budget}: {describe(want)}: peak {s.peak_bytes / 1e9:.1f} GB + "
+                  f"{reserve / 1e9:.3g} GB reserve, a step of {s.step_seconds:.2f} s")
         return
     if answer is None:
         result.wrong(f"{budget}: you found nothing, but {describe(want)} fits")
         return
     s = plans[(answer["precision"], answer["checkpointing"])].strategies[answer["strategy"]]
+    if mem - reserve < s.peak_bytes <= mem:
+        result.wrong(f"{budget}: {describe(answer)} does not fit: its planned peak "
+                     f"{s.peak_bytes / 1e9:.1f} GB leaves less than the reserve "
+                     f"({reserve / 1e9:.3g} GB) of the {budget.gpu_mem_gb:g} GB free")
+        return
     if s.peak_bytes > mem:
         cats = ", ".join(f"{c} {b / 1e9:.1f}" for c, b in s.by_category.items() if b)
         no_act = s.peak_bytes - s.by_category["activations"]
@@ -193,22 +223,25 @@ def _judge(result: CheckResult, budget: Budget, plans: dict, answer, want) -> No
         result.wrong(f"{budget}: {describe(answer)} fits, but the planner says nothing does")
         return
     w = plans[(want["precision"], want["checkpointing"])].strategies[want["strategy"]]
-    result.wrong(f"{budget}: {describe(answer)} fits, but sends {s.sent_bytes_per_step / 1e9:.1f} "
-                 f"GB per step; {describe(want)} fits too and sends "
-                 f"{w.sent_bytes_per_step / 1e9:.1f} GB"
-                 + (_tie_break(answer, want) if w.sent_bytes_per_step == s.sent_bytes_per_step
-                    else ""))
+    result.wrong(f"{budget}: {describe(answer)} fits, but its step takes {_time(s)}; "
+                 f"{describe(want)} fits too and takes {_time(w)}"
+                 + (_tie_break(answer, want) if w.step_seconds == s.step_seconds else ""))
+
+
+def _time(s) -> str:
+    return (f"{s.step_seconds:.2f} s ({s.compute_seconds:.2f} s compute, "
+            f"{s.exposed_comm_seconds:.2f} s of communication not hidden, "
+            f"{s.sent_bytes_per_step / 1e9:.1f} GB sent)")
 
 
 def _tie_break(answer: dict, want: dict) -> str:
-    """Why ``want`` beats ``answer`` when both send the same bytes: the reference's order."""
+    """Why ``want`` beats ``answer`` when both steps take as long: the reference's order."""
     if answer["checkpointing"] != want["checkpointing"]:
-        return ", the same bytes without recomputing: at equal bytes, no checkpointing comes first"
+        return ", as long: at equal step times, no checkpointing comes first"
     if answer["strategy"] != want["strategy"]:
-        return (f", the same bytes: at equal bytes (and checkpointing), the less sharded strategy "
-                f"comes first ({', '.join(STRATEGIES)}): {want['strategy']} before "
-                f"{answer['strategy']}")
-    return (", the same bytes: at equal bytes, checkpointing and strategy, the first precision "
+        return (f", as long: at equal step times, the less sharded strategy comes first "
+                f"({', '.join(STRATEGIES)}): {want['strategy']} before {answer['strategy']}")
+    return (", as long: at equal step times, checkpointing and strategy, the first precision "
             f"tried is kept ({', '.join(PRECISIONS)})")
 
 
@@ -236,9 +269,10 @@ def _check_by_name(result: CheckResult, fn, budgets, answers) -> None:
 
 def check_cheapest_fit(fn, budgets=BUDGETS) -> CheckResult:
     """Check ``fn(model, gpus, gpu_mem_gb, micro_batch)`` on ``budgets``: the cheapest
-    configuration (fewest bytes sent per step; then no checkpointing; then the less sharded
-    strategy) among ddp/zero1/zero2/fsdp x fp32/bf16-mixed x checkpointing whose planned peak
-    fits, or None. A set of answers that a known mistake gives is named."""
+    configuration (the fastest step, ``step_seconds``; then no checkpointing; then the less
+    sharded strategy) among ddp/zero1/zero2/fsdp x fp32/bf16-mixed x checkpointing whose planned
+    peak fits with the reserve (``.fits``), or None. A set of answers that a known mistake gives
+    is named."""
     result = CheckResult("your cheapest_fit")
     if not_written_yet(fn):
         return result.wrong("cheapest_fit is not written yet: write its body in the cell above",

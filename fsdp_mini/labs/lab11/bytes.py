@@ -117,8 +117,11 @@ def job_cases(runs: dict, world_size: int, shape: ModelShape, gpus: int) -> list
         if config in seen:
             continue
         seen.append(config)
+        # Note: the assessment's bf16-mixed reduces in bf16 too (2-byte reductions), as its
+        # runs do (labs.options_of); the planner's default reduces in fp32, as parallelize does.
         p = plan(model=shape, gpus=gpus, precision=config["precision"],
-                 checkpointing=config["checkpointing"], strategies=(config["strategy"],))
+                 checkpointing=config["checkpointing"], strategies=(config["strategy"],),
+                 reduce_dtype="bf16" if config["precision"] == "bf16-mixed" else None)
         cases.append((f"the planner, the job's model on {gpus} GPUs", config, big, gpus,
                       p.strategies[config["strategy"]].sent_bytes_per_step))
     return cases

@@ -104,7 +104,8 @@ def _plans(budget: FitBudget) -> dict:
     for prec in PRECISIONS:
         for ck in (False, True):
             common = {"gpus": budget.gpus, "precision": prec, "micro_batch": budget.micro_batch,
-                      "checkpointing": ck, "strategies": STRATEGIES}
+                      "checkpointing": ck, "strategies": STRATEGIES,
+                      "reduce_dtype": reduce_dtype(prec)}
             out[(prec, ck)] = plan(model=budget.shape, **common)
             out[("params", prec, ck)] = plan(params=budget.shape.params(), **common)
     return out
@@ -133,8 +134,15 @@ def planned(budget: FitBudget, config: dict):
     """The planner's figures (a ``StrategyPlan``) of ``config`` on ``budget``'s GPUs."""
     p = plan(model=budget.shape, gpus=budget.gpus, gpu_mem_gb=budget.gpu_mem_gb,
              precision=config["precision"], micro_batch=budget.micro_batch,
-             checkpointing=config["checkpointing"], strategies=(config["strategy"],))
+             checkpointing=config["checkpointing"], strategies=(config["strategy"],),
+             reduce_dtype=reduce_dtype(config["precision"]))
     return p.strategies[config["strategy"]]
+
+
+def reduce_dtype(precision: str) -> str | None:
+    """The job's gradients travel in bf16 under bf16-mixed (2-byte reductions, as its runs do);
+    the planner's default, like parallelize's, is fp32."""
+    return "bf16" if precision == "bf16-mixed" else None
 
 
 def _judge(result: CheckResult, budget: FitBudget, plans: dict, answer, want) -> None:
