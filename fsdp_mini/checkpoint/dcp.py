@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import (DefaultLoadPlanner, DefaultSavePlanner,
                                                           create_default_local_load_plan,
                                                           create_default_local_save_plan)
@@ -171,6 +172,12 @@ class _BoxLoader(DefaultLoadPlanner):
         self.loaded[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
 
 
+def _failures(error: CheckpointException) -> str:
+    """DCP's failures, one line per rank: 'rank 1: OSError: disk full'."""
+    return "; ".join(f"rank {r}: {type(e).__name__}: {e}"
+                     for r, (e, _) in sorted(error.failures.items()))
+
+
 @contextmanager
 def _single_process_is_meant():
     """DCP warns whenever it runs without collectives; here that is on purpose."""
@@ -201,12 +208,14 @@ def save_dcp(engine, optimizer, path, optim_params, meta: dict) -> None:
             with _single_process_is_meant():
                 dcp.save(state, storage_writer=FileSystemWriter(writer.tmp),
                          planner=_BoxSaver(), no_dist=comm.world_size == 1)
-        except BaseException:
-            # Note: DCP raises on every rank, and only once every rank is done writing
+        except CheckpointException as e:
+            # Note: DCP raises this on every rank, once every rank is done writing
             if comm.rank == 0:
                 shutil.rmtree(writer.tmp, ignore_errors=True)
-            raise
-        writer.commit(sorted(os.listdir(writer.tmp)), {
+            raise CheckpointError(f"saving {writer.path}: {_failures(e)}; nothing was "
+                                  f"committed, {writer.path} is as it was") from e
+        files = sorted(os.listdir(writer.tmp)) if comm.rank == 0 else []  # Note: rank 0
+        writer.commit(files, {  # alone, who commits: the others would race its renames
             "kind": "dcp", "world_size": comm.world_size,
             "dcp_keys": {"model": MODEL, "optimizer": OPTIM}, **meta})
 
@@ -269,8 +278,12 @@ def load_dcp(engine, optimizer, path, optim_params, optimizer_class) -> dict:
     # Note: into staging tensors (this rank's share once more), so that a failed read leaves
     # the model as it was
     loader = _BoxLoader()
-    with _single_process_is_meant():
-        dcp.load(dest, storage_reader=FileSystemReader(path), planner=loader, no_dist=True)
+    try:
+        with _single_process_is_meant():
+            dcp.load(dest, storage_reader=FileSystemReader(path), planner=loader, no_dist=True)
+    except CheckpointException as e:
+        raise CheckpointError(f"{path} cannot be read: {_failures(e)}; the model is as it "
+                              f"was") from e
     value = (lambda key: loader.loaded[key] if key in loader.loaded else dest[key])
     with torch.no_grad():
         for t, staging in staged:
@@ -282,9 +295,11 @@ def load_dcp(engine, optimizer, path, optim_params, optimizer_class) -> dict:
         step = _put_optimizer(plan, value, keys, optimizer)
     if kit is not None:
         return kit
+    found = "the optimizer state's 'step'" if step is not None else \
+        "nowhere: the optimizer state has no 'step' (SGD keeps none)"
     return {"kind": "dcp", "format": "torch.distributed.checkpoint", "world_size": None,
             "strategy": None, "step": step,
-            "step_from": "the optimizer state's 'step' (no fsdp_mini metadata.json in the folder)"}
+            "step_from": f"{found} (no fsdp_mini metadata.json in the folder)"}
 
 
 def _kit_meta(path: Path) -> dict | None:
