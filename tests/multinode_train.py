@@ -1,10 +1,12 @@
 """One rank of the two-node test (tests/test_hsdp.py): started by torchrun, as on a cluster::
 
     torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint HOST:PORT \
-             --rdzv-id job1 --node-rank K tests/multinode_train.py OUT_DIR
+             --rdzv-id JOB_ID tests/multinode_train.py OUT_DIR
 
-HSDP with one shard group per node (shard_size = the node's ranks): the same training function
-the single-node tests launch. Each rank saves what it got in OUT_DIR/rank{r}.pt.
+(the same line on every node: the rendezvous numbers the nodes). HSDP with one shard group per
+node (shard_size = the node's ranks): the same training function the single-node tests launch.
+Each rank saves what it got in OUT_DIR/rank{r}.pt. docker/multinode/ holds the scripts for a
+real cluster, tested by tests/test_multinode.py.
 """
 
 import ctypes

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import hsdp_workers
@@ -172,19 +173,20 @@ def test_two_nodes_under_torchrun_equal_single_process(tmp_path, references):
     """Two torchrun agents on this machine play two nodes of two ranks: HSDP with one shard group
     per node must train to the single-process weights."""
     script = Path(__file__).with_name("multinode_train.py")
-    port = _free_port()
+    port, job = _free_port(), f"hsdp-two-nodes-{uuid.uuid4().hex[:12]}"
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get(
                "PYTHONPATH", "")])}
     agents = []
     try:
         for node in (0, 1):
+            # Note: the c10d rendezvous numbers the nodes (no --node-rank: that is the static
+            # launch's); one id for this job alone; no restarts: a failure fails the test.
             cmd = _torchrun() + [
-                "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(node),
+                "--nnodes", "2", "--nproc-per-node", "2",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                "--rdzv-id", "hsdp-two-nodes", "--rdzv-conf", f"is_host={node == 0}",
-                "--local-addr", "127.0.0.1", "--max-restarts", "0", "--monitor-interval", "0.5",
-                str(script), str(tmp_path)]
+                "--rdzv-id", job, "--local-addr", "127.0.0.1", "--max-restarts", "0",
+                "--monitor-interval", "0.5", str(script), str(tmp_path)]
             with open(tmp_path / f"agent{node}.log", "w") as log:  # the agent keeps its own fd
                 agents.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                                start_new_session=True))

@@ -38,6 +38,10 @@ if [[ -n "${NCCL_SOCKET_IFNAME:-}" ]]; then
     export NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$NCCL_SOCKET_IFNAME}"
 fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# Note: by default the ranks share the agents' store across restarts, and a restart's ranks can
+# read the keys of the ranks before it (their dead addresses: "Connection refused"; pytorch
+# issues 135712, 167288). Opting out, rank 0 hosts a new store at each start.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 options=(
     --nnodes "$NNODES"                  # N, or MIN:MAX: the rendezvous waits for MIN agents
     --nproc-per-node "$GPUS_PER_NODE"   # ranks this agent starts, one per GPU

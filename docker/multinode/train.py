@@ -70,14 +70,16 @@ def resume(model, optimizer, folder: Path) -> int:
 
 
 def report_layout(rank, world_size, shard_size, model, start, steps):
-    """One line per node (which ranks form its shard group), one for the job (start, restarts)."""
+    """One line per node (its shard group, its agent's restarts), one for the job."""
+    # Note: torchrun counts restarts per agent, and only those after a failure of its own
+    # ranks; an agent restarted because another node's ranks failed still counts 0.
     if int(os.environ.get("LOCAL_RANK", rank)) == 0:
         print(f"node {os.environ.get('GROUP_RANK', 0)} ({socket.gethostname()}): ranks "
-              f"{shard_ranks(model)} form its shard group", flush=True)
+              f"{shard_ranks(model)} form its shard group; its agent's restarts "
+              f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)} of "
+              f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', 0)}", flush=True)
     if rank == 0:
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         print(f"world size {world_size} = {world_size // shard_size} groups x {shard_size}; "
-              f"restart {restart} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '0')}; "
               + (f"resumed from step {start}" if start else "starting at step 0")
               + f", {steps} steps in all", flush=True)
 
