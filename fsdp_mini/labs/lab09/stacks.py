@@ -17,6 +17,7 @@ Two ways on a cluster, both from outside the job and without stopping it:
 from __future__ import annotations
 
 import faulthandler
+import linecache
 import os
 import re
 import shutil
@@ -172,10 +173,16 @@ def rank_thread(stack: str) -> list:
 
 
 def where_it_waits(frames) -> dict:
-    """``{"in": "all_gather_single", "at": ".../distributed_c10d.py:4394", "line": "train at
-    cell.py:13"}``: the innermost frame (where the thread is blocked) and the user's line."""
+    """Where a blocked thread waits, from its frames (innermost first)::
+
+        {"in": "all_gather_single", "at": ".../distributed_c10d.py:4394",
+         "chain": "all_gather_single <- wrapper <- <lambda>", "line": "train at cell.py:13",
+         "source": "loss.backward()"}    # the user's innermost line, and its text if known
+    """
     if not frames:
-        return {"in": "", "at": "", "line": ""}
+        return {"in": "", "at": "", "chain": "", "line": "", "source": ""}
     path, line, name = frames[0]
-    return {"in": name, "at": f"{path}:{line}", "line": user_frame(frames),
-            "in_library": is_library(path)}
+    mine = next(((p, n) for p, n, _ in frames if not is_library(p)), None)
+    return {"in": name, "at": f"{path}:{line}", "chain": " <- ".join(f[2] for f in frames[:3]),
+            "line": user_frame(frames),
+            "source": linecache.getline(*mine).strip() if mine else ""}
