@@ -15,4 +15,5 @@ step python -m pytest -q -s -p no:cacheprovider tests/test_cuda.py tests/test_me
 step fsdp-mini compare --world-size 1 --backend nccl --global-batch 8
 step python benchmarks/compare_torch.py --world-size 1 --backend nccl
 step python benchmarks/gpu_memory.py  # the dashboard's allocator / nvidia-smi figures
+step python benchmarks/planner_check.py  # the planner against measured peaks, offload and the reserve
 exit $status
