@@ -18,10 +18,10 @@ import torch
 from ...buffers.flat import FlatLayout, ParamSlot
 from ..common.checking import unwritten
 from ..common.report import CheckResult
-from .runs import (STATES, die_while_saving, flat_shards, lab_model, lab_optimizer, relative_error,
+from .runs import (STATES, dcp_run, die_while_saving, flat_shards, lab_model, lab_optimizer, relative_error,
                    resume_run, save_run, train_steps)
 
-__all__ = ["check_reshard", "die_while_saving", "files_table", "flat_shards", "lab_model",
+__all__ = ["check_reshard", "dcp_run", "die_while_saving", "files_table", "flat_shards", "lab_model",
            "lab_optimizer", "relative_error", "resume_run", "save_run", "train_steps"]
 
 # (numel, old N, new N): uneven splits, up and down, a shrink to one rank, one even split

@@ -1,5 +1,7 @@
 """Lab 08's rank functions: the GPT trained under fsdp, saved, killed while saving, resumed at
-another world size, and loaded into torch's own ``fully_shard``.
+another world size, and loaded into torch's own ``fully_shard``; and DCP interop (``dcp_run``):
+the kit's checkpoint in torch.distributed.checkpoint's format resumed by ``fully_shard``, whose
+own ``dcp.save`` the kit then resumes.
 
     fsdp_mini.launch(labs.save_run, 2, folder, 3, "tiny", 12)         # 3 steps, tiny GPT, batch 12
     fsdp_mini.launch(labs.resume_run, 3, folder, reshard, 2, 3, "tiny", 12)   # saved at 2, now 3
@@ -26,6 +28,7 @@ from ...launcher import rank_device
 from ...models import GPTConfig, SyntheticText, make_model
 
 __all__ = [
+    "dcp_run",
     "die_while_saving",
     "flat_shards",
     "lab_model",
@@ -99,6 +102,7 @@ def save_run(rank: int, world_size: int, folder: str, steps: int, model: str,
     losses = train_steps(net, optimizer, range(steps), rank, world_size, global_batch)
     save_checkpoint(net, optimizer, Path(folder) / "sharded")
     save_checkpoint(net, optimizer, Path(folder) / "full", sharded=False)
+    save_checkpoint(net, optimizer, Path(folder) / "dcp", format="dcp")  # for torch (dcp_run)
     torch.save(flat_shards(net, optimizer), Path(folder) / f"flat_rank{rank}.pt")
     losses += train_steps(net, optimizer, [steps], rank, world_size, global_batch)
     after = _cpu(full_state_dict(net))  # Note: on the CPU, so the notebook reads it anywhere
@@ -150,6 +154,44 @@ def _fully_shard_step(rank, world_size, file: Path, steps, model, global_batch):
     train_steps(net, optimizer, [steps], rank, world_size, global_batch)
     after = get_model_state_dict(net, options=full)  # Note: collective; rank 0 gets them
     return _cpu(after) if rank == 0 else None
+
+
+def dcp_run(rank: int, world_size: int, folder: str, steps: int, model: str,
+            global_batch: int) -> dict:
+    """Torch's side of DCP interop, at another world size: a ``fully_shard`` GPT (other initial
+    weights) loads ``folder/dcp`` (the kit's, saved at N by ``save_run``) the way a torch job
+    does, takes step ``steps``; saves itself with ``dcp.save`` to ``folder/torch_dcp`` and takes
+    step ``steps + 1``, its uninterrupted run. Returns (rank 0) ``torch_next`` and
+    ``torch_after``, the whole parameters after each step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    torch.set_num_threads(1)
+    net, optimizer = _torch_fully_shard(model)
+    model_sd, optim_sd = get_state_dict(net, optimizer)
+    dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(Path(folder) / "dcp"))
+    set_state_dict(net, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    train_steps(net, optimizer, [steps], rank, world_size, global_batch)
+    torch_next = _full_on_rank0(net, rank)
+    model_sd, optim_sd = get_state_dict(net, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(Path(folder) / "torch_dcp"))
+    train_steps(net, optimizer, [steps + 1], rank, world_size, global_batch)
+    return {"torch_next": torch_next, "torch_after": _full_on_rank0(net, rank)}
+
+
+def _torch_fully_shard(model: str):
+    from torch.distributed.fsdp import fully_shard
+    net = lab_model(model, seed=1).to(rank_device())
+    for block in net.blocks:
+        fully_shard(block)
+    fully_shard(net)
+    return net, lab_optimizer(net.parameters())
+
+
+def _full_on_rank0(net, rank: int):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    full = get_model_state_dict(net, options=StateDictOptions(full_state_dict=True,
+                                                              cpu_offload=True))
+    return _cpu(full) if rank == 0 else None  # Note: collective; rank 0 gets them
 
 
 def _cpu(state: dict) -> dict:
