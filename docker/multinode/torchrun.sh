@@ -27,6 +27,7 @@ die() { echo "torchrun.sh: $*" >&2; exit 2; }
     "that job's checkpoint)"
 NNODES="${NNODES:-2}"
 MAX_RESTARTS="${MAX_RESTARTS:-3}"
+CKPT_DIR="${CKPT_DIR:-checkpoints/$RDZV_ID}"
 [[ "$NNODES" =~ ^[1-9][0-9]*(:[1-9][0-9]*)?$ ]] || \
     die "NNODES is '$NNODES': give a number of nodes (2) or a range MIN:MAX (1:4)"
 [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]] || die "MAX_RESTARTS is '$MAX_RESTARTS': give 0 or more"
@@ -42,19 +43,21 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # read the keys of the ranks before it (their dead addresses: "Connection refused"; pytorch
 # issues 135712, 167288). Opting out, rank 0 hosts a new store at each start.
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
-options=(
-    --nnodes "$NNODES"                  # N, or MIN:MAX: the rendezvous waits for MIN agents
-    --nproc-per-node "$GPUS_PER_NODE"   # ranks this agent starts, one per GPU
-    # Note: c10d rendezvous: the agents meet in a store that RDZV_HOST's agent hosts, and the
-    # rendezvous numbers the nodes (GROUP_RANK); so no --node-rank, which (with --master-addr
-    # and --master-port) belongs to the static launch, where each node is told its number.
-    --rdzv-backend c10d
-    --rdzv-endpoint "$RDZV_HOST:${RDZV_PORT:-29400}"
-    --rdzv-id "$RDZV_ID"                # which job an agent joins: an old id joins an old job
-    # Note: on a rank's failure (or a node joining or leaving) torchrun stops every rank and
-    # starts them all again, at most MAX_RESTARTS times; train.py resumes from CKPT_DIR.
-    --max-restarts "$MAX_RESTARTS"
-)
-[[ -z "${LOCAL_ADDR:-}" ]] || options+=(--local-addr "$LOCAL_ADDR")
-exec torchrun "${options[@]}" "$here/train.py" --shard-size "$GPUS_PER_NODE" \
-    --checkpoint "${CKPT_DIR:-checkpoints/$RDZV_ID}" "$@"
+# What each option means (torchrun's documentation, torch/distributed/run.py):
+#   --nnodes          N, or MIN:MAX: the rendezvous waits for MIN agents and admits up to MAX
+#   --nproc-per-node  the ranks this agent starts, one per GPU
+#   --rdzv-backend c10d --rdzv-endpoint   the agents meet in a store that RDZV_HOST's agent
+#                     hosts, and the rendezvous numbers the nodes (GROUP_RANK); so no
+#                     --node-rank: that (with --master-addr/--master-port) is the static
+#                     launch's, where each node is told its number
+#   --rdzv-id         the job an agent joins, one per job: an agent given the id of a job that
+#                     still runs joins that job (and, with CKPT_DIR's default, a job started
+#                     later with an old id resumes that job's checkpoint)
+#   --max-restarts    on a rank's failure (or a node joining or leaving) torchrun stops every
+#                     rank and starts them all again, at most this many times; train.py then
+#                     resumes from --checkpoint (it refuses restarts without one)
+#   --local-addr      only where set: the address the other nodes reach this one at
+exec torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" \
+    --rdzv-backend c10d --rdzv-endpoint "$RDZV_HOST:${RDZV_PORT:-29400}" --rdzv-id "$RDZV_ID" \
+    --max-restarts "$MAX_RESTARTS" ${LOCAL_ADDR:+--local-addr "$LOCAL_ADDR"} \
+    "$here/train.py" --shard-size "$GPUS_PER_NODE" --checkpoint "$CKPT_DIR" "$@"
