@@ -142,7 +142,10 @@ def _call(c: dict) -> tuple:
 
 
 def who_is_behind(dumps: dict[int, dict]) -> dict:
-    """Which rank issued the fewest collectives, and each rank's last one.
+    """Which rank issued the fewest collectives, and each rank's last one. A rank that stopped
+    outside collectives (its data, a slow step, its own exception) is behind: the others' last
+    entry is the collective it never reached. Ranks stuck in mismatched collectives can have
+    issued as many: then ``first_divergence`` says more.
 
     Example: ``{"behind": [1], "last": {0: {"seq": 9, ...}, 1: {"seq": 8, ...}}}``.
     """
