@@ -233,7 +233,7 @@ def _to_save(engine, optimizer, optim_params, rank: int) -> dict:
             _add_boxes(model, name, t, r, writes_empty=rank == 0)
     if optimizer is None:
         return {MODEL: model}
-    state, groups = {}, [dict.fromkeys(()) for _ in optimizer.param_groups]
+    state, groups = {}, [{} for _ in optimizer.param_groups]  # names, in order
     for g, p, r in optim_params:
         groups[g][r.names[0]] = None
         saved = optimizer.state.get(p, {})
@@ -270,9 +270,10 @@ def load_dcp(engine, optimizer, path, optim_params, optimizer_class) -> dict:
     buffers = [(b, keys.model[n]) for n, b in engine.module.named_buffers() if n in keys.model]
     for b, key in buffers:
         dest[key] = torch.empty(b.shape, dtype=b.dtype)
-    plan = _plan_optimizer(keys, index, dest, optim_params, path) if optimizer else None
+    plan = None
     if optimizer is not None:
         _check_optimizer(keys, kit, optimizer, optimizer_class, path)
+        plan = _plan_optimizer(keys, index, dest, optim_params, path)
         for key in keys.groups.values():
             dest.setdefault(key, _empty_like_saved(index, key))
     # Note: into staging tensors (this rank's share once more), so that a failed read leaves
@@ -284,7 +285,7 @@ def load_dcp(engine, optimizer, path, optim_params, optimizer_class) -> dict:
     except CheckpointException as e:
         raise CheckpointError(f"{path} cannot be read: {_failures(e)}; the model is as it "
                               f"was") from e
-    value = (lambda key: loader.loaded[key] if key in loader.loaded else dest[key])
+    values = {**dest, **loader.loaded}  # what came as bytes, beside the tensors
     with torch.no_grad():
         for t, staging in staged:
             t.copy_(staging.view(t.shape))
@@ -292,7 +293,7 @@ def load_dcp(engine, optimizer, path, optim_params, optimizer_class) -> dict:
             b.copy_(dest[key])
     step = None
     if optimizer is not None:
-        step = _put_optimizer(plan, value, keys, optimizer)
+        step = _put_optimizer(plan, values, keys, optimizer)
     if kit is not None:
         return kit
     found = "the optimizer state's 'step'" if step is not None else \
@@ -442,7 +443,7 @@ def _plan_optimizer(keys: _Keys, index, dest: dict, optim_params, path: Path) ->
     return plan
 
 
-def _put_optimizer(plan: list, value, keys: _Keys, optimizer) -> int | None:
+def _put_optimizer(plan: list, values: dict, keys: _Keys, optimizer) -> int | None:
     """The loaded state into the optimizer and each group's hyperparameters; the step."""
     steps = []
     for p, new in plan:
@@ -454,12 +455,12 @@ def _put_optimizer(plan: list, value, keys: _Keys, optimizer) -> int | None:
             if how == "slice":
                 state[k] = what.view(p.shape).to(p.device)
             else:
-                v = value(what)
+                v = values[what]
                 state[k] = v.clone() if torch.is_tensor(v) else v
         optimizer.state[p] = state
         if "step" in state:
             steps.append(int(state["step"]))
     for (i, k), key in keys.groups.items():
         if k != "params":
-            optimizer.param_groups[i][k] = value(key)
+            optimizer.param_groups[i][k] = values[key]
     return max(steps, default=None)
