@@ -25,7 +25,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import torch
 
 import fsdp_mini
 from fsdp_mini.models import GPTConfig, make_model
@@ -130,7 +129,8 @@ def _wait(procs, folder: Path, timeout: float) -> list[int]:
 
 
 def _logs(folder: Path) -> str:
-    return "\n".join(f"--- {f.name}\n{f.read_text()[-4000:]}" for f in sorted(folder.glob("agent*.log")))
+    return "\n".join(f"--- {f.name}\n{f.read_text()[-4000:]}"
+                     for f in sorted(folder.glob("agent*.log")))
 
 
 def _gone(env: dict, within: float = 5.0) -> dict[int, dict]:
@@ -324,7 +324,7 @@ def test_slurm_sbatch_runs_one_torchrun_sh_per_node(tmp_path):
         "--nodes", "2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
         str(HERE / "torchrun.sh"), *args]
     assert (record / "srun.env").read_text().splitlines() == [
-        "GPUS_PER_NODE=2", "NNODES=2", f"RDZV_HOST=localhost", f"RDZV_ID={job_id}",
+        "GPUS_PER_NODE=2", "NNODES=2", "RDZV_HOST=localhost", f"RDZV_ID={job_id}",
         f"RDZV_PORT={port}", "SRUN_CPUS_PER_TASK=3"]
     assert f"rendezvous {job_id} on localhost:{port}; 2 GPUs per node; restarts 3" in logs
     assert "world size 4 = 2 groups x 2" in logs, logs
@@ -332,7 +332,7 @@ def test_slurm_sbatch_runs_one_torchrun_sh_per_node(tmp_path):
     assert after == {}, f"left behind: {after}"
 
 
-# -- the scripts' text, and their errors ------------------------------------------------------------
+# -- the scripts' text, and their errors --------------------------------------------------------
 
 @pytest.mark.parametrize("script", ["torchrun.sh", "slurm.sbatch"])
 def test_scripts_parse_and_pass_shellcheck(script):

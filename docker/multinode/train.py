@@ -14,9 +14,9 @@ Restarts: on a failure torchrun stops every rank and, while ``--max-restarts`` a
 them all again from the top of this script. They then load the last checkpoint of
 ``--checkpoint`` (saved every ``--save-every`` steps, atomically, loadable at any world size)
 and go on from its step; without a checkpoint a restart would quietly start again from step 0,
-so restarts without ``--checkpoint`` are refused. The data of step k is the same whoever runs
-it, so a resumed run trains as an uninterrupted one. The same ``train`` function runs in a
-notebook with ``fsdp_mini.launch(train, 4, 20, 2)``.
+so restarts without ``--checkpoint`` are refused. At one world size the data of step k is the
+same whoever runs it, so a resumed run trains as an uninterrupted one. The same ``train``
+function runs in a notebook with ``fsdp_mini.launch(train, 4, 20, 2)``.
 """
 
 import argparse
