@@ -177,3 +177,17 @@ def test_py_spy_asked_for_but_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(stacks.shutil, "which", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install py-spy"):
         labs.stacks_of_hung_job(waits_in_a_collective, 2, use_py_spy=True)
+
+
+@pytest.mark.skipif(stacks.shutil.which("py-spy") is None, reason="py-spy is not installed")
+def test_py_spy_dump_reads_a_sleeping_process_without_colours():
+    import subprocess
+    import sys
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time\ndef napping():\n    time.sleep(30)\nnapping()"])
+    try:
+        time.sleep(1.0)
+        text = stacks.py_spy_dump(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert "napping" in text and "\x1b[" not in text

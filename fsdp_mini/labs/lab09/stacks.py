@@ -35,6 +35,7 @@ STACK_SIGNAL = signal.SIGUSR1
 PY_SPY_TIMEOUT = 20   # seconds one py-spy dump may take
 SETTLE_S = 0.5        # a rank that used no CPU for this long is taken to be waiting
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+.*$", re.M)
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")   # py-spy colours its output even into a pipe
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$', re.M)
 
 
@@ -158,7 +159,7 @@ def py_spy_dump(pid: int) -> str:
         if proc.poll() is None:  # Note: timed out (or interrupted): no py-spy is left behind
             proc.kill()
             proc.wait()
-    return out.rstrip()
+    return _COLOUR.sub("", out).rstrip()
 
 
 # ---------------------------------------------------------------- reading a stack
