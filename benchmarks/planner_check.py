@@ -66,7 +66,7 @@ def rank_figures(rank, world_size, model, micro_batch, names) -> dict:
                                          optimizer=partial(torch.optim.AdamW, lr=1e-3,
                                                            foreach=False), **options)
 
-        def step(s, mem=None):
+        def step(s, mem=None, net=net, opt=opt):  # Note: bound now; deleted after the case
             x, y = (t.to(device) for t in data.local_batch(s, micro_batch * micro * world_size,
                                                           rank, world_size))
             for i, (xm, ym) in enumerate(zip(x.chunk(micro), y.chunk(micro))):

@@ -77,7 +77,7 @@ def measure_option_peaks(rank: int, world_size: int, cases: list[tuple[str, dict
             make_model(cfg), strategy, units=None, optimizer=partial(torch.optim.AdamW, lr=1e-3),
             **options) if strategy != "fsdp" else _fsdp(cfg, options)
 
-        def step(s, mem=None):
+        def step(s, mem=None, model=model, optimizer=optimizer):
             x, y = data.local_batch(s, micro_batch * micro * world_size, rank, world_size)
             for i, (xm, ym) in enumerate(zip(x.chunk(micro), y.chunk(micro))):
                 quiet = fsdp_mini.no_sync(model) if i < micro - 1 else _nothing()

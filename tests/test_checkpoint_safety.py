@@ -165,6 +165,10 @@ def test_only_leftovers_of_the_kit_are_removed(tmp_path):
     kit = tmp_path / "ckpt.tmp-0123abcd"  # a save that died: its files only
     kit.mkdir()
     (kit / "rank0.pt.part").write_bytes(b"half")
+    dcp = tmp_path / "ckpt.tmp-0456cdef"  # a DCP save that died: its index and a rank's data
+    dcp.mkdir()
+    (dcp / ".metadata").write_bytes(b"index")
+    (dcp / "__1_0.distcp").write_bytes(b"half")
     users = [tmp_path / "ckpt.tmp-beef", tmp_path / "ckpt.old-cafe", tmp_path / "ckpt.tmp-mine"]
     for folder in users:
         folder.mkdir()
@@ -172,7 +176,7 @@ def test_only_leftovers_of_the_kit_are_removed(tmp_path):
     (tmp_path / "ckpt.tmp-feed").write_text("a file, not a folder")
     kept = {p: snapshot(p) for p in users}
     saved_here(tmp_path / "ckpt", seed=1)
-    assert not kit.exists()
+    assert not kit.exists() and not dcp.exists()
     assert all(snapshot(p) == s for p, s in kept.items())
     assert (tmp_path / "ckpt.tmp-feed").read_text() == "a file, not a folder"
 

@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 import fsdp_mini
 from fsdp_mini import CheckpointError, launch
-from fsdp_mini.checkpoint.dcp import boxes
+from fsdp_mini.checkpoint.dcp_boxes import boxes
 from fsdp_mini.models import GPTConfig, make_model
 
 OPTS = ("adamw", "sgd")

@@ -43,7 +43,8 @@ from ..comm.collectives import Comm
 from ..file_lock import LockHeld, release_lock, take_lock
 from .files import FORMAT, CheckpointError, fingerprint
 
-_KIT_FILE = re.compile(r"((rank\d+|full)\.pt|metadata\.json)(\.part)?")
+# Note: the kit's own format and DCP's (its index and one data file per rank and writer thread)
+_KIT_FILE = re.compile(r"((rank\d+|full)\.pt|metadata\.json)(\.part)?|\.metadata|__\d+_\d+\.distcp")
 
 
 class CheckpointWriter:
