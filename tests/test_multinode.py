@@ -31,7 +31,7 @@ from fsdp_mini.models import GPTConfig, make_model
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = ROOT / "docker" / "multinode"
-STEPS, EVERY = 12, 3
+STEPS, EVERY = 24, 3  # Note: a kill after step 3 has 21 steps to land in
 TRAIN_ARGS = ["--tiny", "--steps", str(STEPS), "--save-every", str(EVERY)]
 MARK = "FSDP_MINI_TEST_JOB"
 RANKS = 4  # 2 nodes x 2
@@ -148,12 +148,16 @@ def _committed_step(ckpt: Path) -> int | None:
         return None  # none yet, or between the two renames of a save
 
 
-def _kill_a_rank_mid_run(env: dict, ckpt: Path, rank: int, timeout: float = 90) -> tuple[int, int]:
+def _kill_a_rank_mid_run(env: dict, procs, folder: Path, rank: int,
+                         timeout: float = 90) -> tuple[int, int]:
     """Once a checkpoint is committed, freeze the ranks (SIGSTOP: nothing commits meanwhile),
     read its step, SIGKILL rank ``rank`` and let the others go on. Returns (that step, the
     job's processes counted at the kill)."""
-    deadline = time.monotonic() + timeout
+    ckpt, deadline = folder / "ckpt", time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            pytest.fail(f"an agent ended (exit codes {[p.poll() for p in procs]}) before a rank "
+                        f"could be killed:\n{_logs(folder)}")
         ranks = _ranks(env) if _committed_step(ckpt) else {}
         if len(ranks) == RANKS:
             for pid in ranks.values():
@@ -167,7 +171,7 @@ def _kill_a_rank_mid_run(env: dict, ckpt: Path, rank: int, timeout: float = 90) 
                 return step, count
             assert step != STEPS, "the job ended before a rank could be killed: make it longer"
         time.sleep(0.02)
-    pytest.fail(f"no checkpoint with 4 ranks running within {timeout:.0f} s")
+    pytest.fail(f"no checkpoint with 4 ranks running within {timeout:.0f} s:\n{_logs(folder)}")
 
 
 def _torchrun_sh_twice() -> list[list[str]]:
@@ -204,7 +208,7 @@ def test_torchrun_sh_on_two_agents_is_one_job_of_2_nodes_x_2_ranks(uninterrupted
     run = uninterrupted
     assert run["codes"] == [0, 0], run["logs"]
     logs = run["logs"]
-    assert "world size 4 = 2 groups x 2; starting at step 0, 12 steps in all" in logs, logs
+    assert f"world size 4 = 2 groups x 2; starting at step 0, {STEPS} steps in all" in logs, logs
     # Note: the rendezvous numbers the nodes; each node's ranks are consecutive: one group
     assert re.search(r"node 0 \(.*\): ranks \[0, 1\] form its shard group", logs), logs
     assert re.search(r"node 1 \(.*\): ranks \[2, 3\] form its shard group", logs), logs
@@ -219,12 +223,12 @@ def test_a_killed_rank_restarts_the_job_which_resumes_from_its_checkpoint(tmp_pa
     env = _env(tmp_path)  # MAX_RESTARTS unset: the script's default (3)
     start = time.monotonic()
     with _agents(_torchrun_sh_twice(), env, tmp_path) as procs:
-        step, _ = _kill_a_rank_mid_run(env, tmp_path / "ckpt", rank=2)
+        step, _ = _kill_a_rank_mid_run(env, procs, tmp_path, rank=2)
         codes = _wait(procs, tmp_path, 120)
         after = _gone(env)
     logs = _logs(tmp_path)
     assert codes == [0, 0], logs
-    assert f"resumed from step {step}, 12 steps in all" in logs, logs
+    assert f"resumed from step {step}, {STEPS} steps in all" in logs, logs
     assert re.search(r"its agent's restarts 1 of 3", logs), logs  # the killed rank's agent
     # the steps go on from the checkpoint, with the uninterrupted run's losses
     steps, expected = _step_lines(logs), _step_lines(uninterrupted["logs"])
@@ -247,7 +251,7 @@ def test_with_no_restarts_a_killed_rank_ends_the_job_and_leaves_no_process(tmp_p
     env = _env(tmp_path, MAX_RESTARTS="0")
     before = len(_job_processes(env))
     with _agents(_torchrun_sh_twice(), env, tmp_path) as procs:
-        step, during = _kill_a_rank_mid_run(env, tmp_path / "ckpt", rank=1)
+        step, during = _kill_a_rank_mid_run(env, procs, tmp_path, rank=1)
         codes = _wait(procs, tmp_path, 60)
         after = _gone(env)
     logs = _logs(tmp_path)
