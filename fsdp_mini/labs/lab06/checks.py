@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 
 from ..common.report import CheckResult
-from .runs import (OPTION_VARIANTS, crossover_rank, crossover_table, ledger_costs, options_rank,
-                   predict_from_ledger, solve_crossover, timeline)
+from .runs import (OPTION_VARIANTS, crossover_rank, crossover_table, ledger_costs,
+                   measured_crossover, options_rank, predict_from_ledger, solve_crossover, timeline)
 
 __all__ = ["OPTION_VARIANTS", "alpha_beta_crossover", "check_predict_crossover", "crossover_rank",
-           "crossover_table", "ledger_costs", "options_rank", "predict_from_ledger",
+           "crossover_table", "ledger_costs", "measured_crossover", "options_rank",
+           "predict_from_ledger",
            "solve_crossover", "timeline"]
 
 

@@ -11,15 +11,15 @@ sweep, and what is read from them (the ledger's α-β costs, the fitted lines, a
 from __future__ import annotations
 
 import math
-import statistics
 from functools import partial
 
 from ...comm.ledger import ring_bytes
 from ...comm.link import Link
 from ...training import median_of_slowest
 
-__all__ = ["OPTION_VARIANTS", "crossover_rank", "crossover_table", "ledger_costs", "options_rank",
-           "predict_from_ledger", "solve_crossover", "timeline"]
+__all__ = ["OPTION_VARIANTS", "crossover_rank", "crossover_table", "ledger_costs",
+           "measured_crossover", "options_rank", "predict_from_ledger", "solve_crossover",
+           "timeline"]
 
 # name: (units, fsdp options); units "root" (none: the root unit holds all), "blocks", "layers"
 # (each block's attention and MLP: finer). Note: all on one link, so that waiting shows.
@@ -143,8 +143,9 @@ def predict_from_ledger(per_rank: list[dict], latency_us: float, margin: float) 
 def crossover_table(per_rank: list[dict], bandwidths, prediction: dict, margin: float) -> dict:
     """The sweep measured beside ``prediction`` (:func:`predict_from_ledger`): per bandwidth,
     each step time (median, slowest rank), the model's C + L + B/b, and FSDP / DDP; per strategy
-    the line T = a + B'/b fitted to the measured times (least squares in 1/b): ``fit`` holds
-    (a, B'), B' the bytes the link was *seen* to carry in a step. ``with_overhead`` is the α-β
+    the line T = a + B'/b through the measured times: ``fit`` holds (a, B'), a the strategy's
+    measured step without a link (the line's b = ∞, so the line agrees with it), B' the bytes the
+    link was *seen* to carry in a step (least squares in 1/b of what the link added). ``with_overhead`` is the α-β
     crossover again, with each strategy's measured step without a link (``no_link``: compute,
     latency, gloo's own time and FSDP's per-unit overhead) in place of C + L; ``inf`` when
     FSDP's overhead alone exceeds the margin.
@@ -162,20 +163,35 @@ def crossover_table(per_rank: list[dict], bandwidths, prediction: dict, margin: 
             row[s + " model"] = c + lat + b / (bw * 1e9)
         row["ratio"], row["ratio model"] = row["fsdp"] / row["ddp"], row["fsdp model"] / row["ddp model"]
         rows.append(row)
-    fit = {s: _fit([1 / (r["bw"] * 1e9) for r in rows], [r[s] for r in rows])
-           for s in ("ddp", "fsdp")}
+    fit = {s: (alone[s], _slope([1 / (r["bw"] * 1e9) for r in rows],
+                                [r[s] - alone[s] for r in rows])) for s in ("ddp", "fsdp")}
     measured = {s: (alone[s], 0.0, base[s][2]) for s in ("ddp", "fsdp")}
     return {"rows": rows, "fit": fit, "seen_bytes": {s: fit[s][1] for s in fit},
             "with_overhead": solve_crossover(measured["fsdp"], measured["ddp"], margin),
             "predicted": prediction["predicted"]}
 
 
-def _fit(xs, ys) -> tuple[float, float]:
-    """(intercept, slope) of the least-squares line through (x, y)."""
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = (sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-             / sum((x - mx) ** 2 for x in xs))
-    return my - slope * mx, slope
+def _slope(xs, ys) -> float:
+    """The least-squares slope of the line through the origin and (x, y)."""
+    return sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+
+
+def measured_crossover(rows: list[dict], margin: float) -> float:
+    """Where the measured FSDP / DDP ratio crosses 1 + margin, in GB/s: between the swept
+    bandwidths that bracket it (log-interpolated), ``inf`` when FSDP loses at every one swept
+    (none is fast enough), 0 when it loses at none. ``rows``: :func:`crossover_table`'s.
+
+    >>> measured_crossover([{"bw": 0.1, "ratio": 1.44}, {"bw": 0.4, "ratio": 1.0}], 0.2)
+    0.2
+    """
+    limit, rows = 1 + margin, sorted(rows, key=lambda r: r["bw"])
+    if all(r["ratio"] > limit for r in rows):
+        return math.inf
+    if rows[0]["ratio"] <= limit:
+        return 0.0
+    lo, hi = next((a, b) for a, b in zip(rows, rows[1:]) if a["ratio"] > limit >= b["ratio"])
+    f = math.log(lo["ratio"] / limit) / math.log(lo["ratio"] / hi["ratio"])
+    return round(lo["bw"] * (hi["bw"] / lo["bw"]) ** f, 12)
 
 
 def _pale(color: str) -> str:
