@@ -125,3 +125,12 @@ def test_the_timelines_legend_has_the_colours_of_the_ops_it_draws():
                     "reduce_scatter: rank computing": "#f5dacb"}          # no all_reduce: none drawn
     assert legend.get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1  # outside the bars
     assert all(p.get_alpha() is None for p in ax.patches)                 # opaque: no blended hues
+
+
+def test_the_measured_crossover_is_read_between_the_links_that_bracket_it():
+    rows = [{"bw": 0.1, "ratio": 1.44}, {"bw": 0.4, "ratio": 1.0}, {"bw": 1.6, "ratio": 0.9}]
+    assert labs.measured_crossover(rows, 0.2) == pytest.approx(0.2)      # log-interpolated
+    assert labs.measured_crossover(rows[::-1], 0.2) == pytest.approx(0.2)  # any order
+    assert labs.measured_crossover([{"bw": 1, "ratio": 1.3}, {"bw": 2, "ratio": 1.5}], 0.2) \
+        == math.inf                                       # FSDP lost at every link swept
+    assert labs.measured_crossover([{"bw": 1, "ratio": 1.1}], 0.2) == 0.0
