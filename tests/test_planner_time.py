@@ -126,3 +126,49 @@ def test_cli_takes_the_new_options(capsys):
     assert "GPU-h/Mtok" in out and "step s" in out
     assert main(["plan", "--model", "7b", "--gpu", "B200"]) == 2
     assert "unknown GPU 'B200'" in capsys.readouterr().err
+
+
+def test_a_training_budget_gives_time_gpu_hours_and_the_cost_at_your_price():
+    p = plan(model="7b", gpus=64, micro_batch=1, train_tokens=2e12, price_per_gpu_hour=2.5)
+    per_step = 64 * 4096
+    assert p.train_steps == -(-2_000_000_000_000 // per_step) and p.train_tokens >= 2e12
+    for s in p.strategies.values():
+        assert s.train_hours == pytest.approx(p.train_steps * s.step_seconds / 3600)
+        assert s.train_gpu_hours == pytest.approx(64 * s.train_hours)
+        assert s.train_cost == pytest.approx(2.5 * s.train_gpu_hours)
+    by_steps = plan(model="7b", gpus=64, micro_batch=1, train_steps=p.train_steps)
+    assert by_steps.strategies["fsdp"].train_gpu_hours == pytest.approx(
+        p.strategies["fsdp"].train_gpu_hours)
+    assert by_steps.strategies["fsdp"].train_cost is None  # no price is built in
+    assert plan(model="7b", gpus=64).strategies["fsdp"].train_hours is None
+    text = format_plan(p)
+    assert "at 2.5 per GPU-hour (your price)" in text and "GPU-hours" in text
+    assert "no price given" in format_plan(by_steps)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"train_tokens": 1e12, "train_steps": 10}, "not both"),
+    ({"price_per_gpu_hour": 2.0}, "a price needs a budget"),
+    ({"train_tokens": -1}, "train_tokens must be"),
+    ({"train_steps": 1.5}, "train_steps must be"),
+    ({"train_tokens": 1e9, "price_per_gpu_hour": -1}, "price_per_gpu_hour must be"),
+])
+def test_a_budget_that_cannot_be_priced_is_named(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        plan(model="7b", **kwargs)
+
+
+def test_cli_and_widget_take_the_budget(capsys):
+    assert main(["plan", "--model", "70b", "--gpus", "64", "--checkpointing", "--train-tokens",
+                 "2e12", "--price-per-gpu-hour", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "to train 2,000,000,122,880 tokens (7,629,395 steps of 262,144 tokens)" in out
+    assert "at 3 per GPU-hour (your price)" in out
+    from fsdp_mini.widgets.planner import Planner
+    w = Planner()
+    assert w.plan.price_per_gpu_hour is None and w.plan.train_steps is not None
+    w.controls["price_per_gpu_hour"].value = "2.5"
+    assert w.plan.strategies["fsdp"].train_cost == pytest.approx(
+        2.5 * w.plan.strategies["fsdp"].train_gpu_hours)
+    w.controls["price_per_gpu_hour"].value = "two"
+    assert "price 'two' is not a number" in w.table.value

@@ -4,6 +4,7 @@
     fsdp-mini plan --model 70b --gpus 64 --micro-batch 1 --checkpointing --json plan.json
     fsdp-mini plan --layers 24 --hidden 2048 --heads 16 --vocab 50304 --seq 2048 --gpus 8
     fsdp-mini plan --model 7b --gpus 32 --gpu A100 --efficiency 0.35 --reduce-dtype bf16
+    fsdp-mini plan --model 70b --gpus 64 --checkpointing --train-tokens 2e12 --price-per-gpu-hour 3
 
 Nothing is launched: the numbers come from :func:`fsdp_mini.plan` (the formulas). Bad input is
 one line on stderr and exit status 2.
@@ -78,6 +79,13 @@ def add_plan_parser(sub) -> None:
                       help="across nodes, per GPU, one way (default 50 GB/s: InfiniBand NDR)")
     time.add_argument("--link-latency", type=float, default=10.0, metavar="US",
                       help="across nodes, latency per message, µs (default 10)")
+    money = p.add_argument_group("a training budget: time, GPU-hours and cost")
+    money.add_argument("--train-tokens", type=float, default=None,
+                       help="tokens to train on, e.g. 2e12")
+    money.add_argument("--train-steps", type=int, default=None,
+                       help="or steps of the global batch (micro-batch x micro-batches x seq x GPUs)")
+    money.add_argument("--price-per-gpu-hour", type=float, default=None,
+                       help="your price of one GPU-hour, in your currency (none is built in)")
     p.add_argument("--strategies", default=",".join(PLAN_STRATEGIES),
                    help=f"comma-separated, from {','.join(PLAN_STRATEGIES)} (default: all)")
     p.add_argument("--json", metavar="PATH", help="also write the plan to PATH as JSON")
@@ -145,7 +153,9 @@ def _checked(args, check_json_path) -> dict:
             "reserve_gb": args.reserve_gb, "gpu": args.gpu, "tflops": args.tflops,
             "efficiency": args.efficiency, "gpus_per_node": args.gpus_per_node,
             "node_bandwidth_gbs": args.node_bandwidth, "node_latency_us": args.node_latency,
-            "micro_batches": args.micro_batches, "no_sync": args.no_sync}
+            "micro_batches": args.micro_batches, "no_sync": args.no_sync,
+            "train_tokens": args.train_tokens, "train_steps": args.train_steps,
+            "price_per_gpu_hour": args.price_per_gpu_hour}
 
 
 def plan_command(args, check_json_path) -> int:

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from ..comm.link import Link
 from ..theory import StateBytes
 from . import hardware
+from .budget import check_budget, training_cost
 from .peaks import Layout, memory
 from .shapes import PRESETS, ModelShape
 from .step_time import StepTime, compute_seconds, exposed_seconds, offload_seconds
@@ -74,6 +75,9 @@ class StrategyPlan:
     pcie_bytes_per_step: float = 0.0
     host_bytes_per_node: float = 0.0
     gpu_hours_per_million_tokens: float = 0.0
+    train_hours: float | None = None      # with a budget (train_tokens or train_steps)
+    train_gpu_hours: float | None = None
+    train_cost: float | None = None       # with a price per GPU-hour too
 
 
 @dataclass
@@ -87,6 +91,9 @@ class Plan:
     reserve_bytes: float = 0.0            # per GPU, kept free (see hardware.RESERVE)
     reduce_dtype: str = "fp32"
     tokens_per_gpu_per_step: int = 0
+    train_steps: int | None = None        # the budget, in steps of the global batch
+    train_tokens: float | None = None
+    price_per_gpu_hour: float | None = None
     assumptions: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -104,7 +111,8 @@ def plan(params: float | None = None, *, model: str | ModelShape | None = None, 
          tflops: float | None = None, efficiency: float = hardware.DEFAULT_EFFICIENCY,
          gpus_per_node: int = hardware.GPUS_PER_NODE, node_bandwidth_gbs: float | None = None,
          node_latency_us: float = hardware.NODE_LATENCY_US, micro_batches: int = 1,
-         no_sync: bool = False) -> Plan:
+         no_sync: bool = False, train_tokens: float | None = None,
+         train_steps: int | None = None, price_per_gpu_hour: float | None = None) -> Plan:
     """Predict memory, communication and step time per GPU for each strategy (see the module
     docstring).
 
@@ -116,8 +124,10 @@ def plan(params: float | None = None, *, model: str | ModelShape | None = None, 
     ``gpu`` (a preset: A100, H100, H200) or ``tflops`` (peak per GPU) at ``efficiency``;
     ``bandwidth_gbs`` and ``latency_us`` across nodes, ``node_bandwidth_gbs`` (default the GPU's
     NVLink) and ``node_latency_us`` inside a node of ``gpus_per_node``. ``micro_batches`` per
-    step (gradient accumulation), reduced once under ``no_sync``. Example, the kit's tiny GPT on
-    2 ranks in fp32::
+    step (gradient accumulation), reduced once under ``no_sync``. A training budget,
+    ``train_tokens`` or ``train_steps`` (of the global batch), and your ``price_per_gpu_hour``
+    give each strategy's time to train, GPU-hours and cost (:mod:`fsdp_mini.planner.budget`).
+    Example, the kit's tiny GPT on 2 ranks in fp32::
 
         >>> from fsdp_mini.planner.shapes import ModelShape
         >>> tiny = ModelShape(2, 32, 2, 64, 16, positions=16)
@@ -126,6 +136,7 @@ def plan(params: float | None = None, *, model: str | ModelShape | None = None, 
         (27840, 222720.0)
     """
     shape = _shape(params, model, seq)
+    check_budget(train_tokens, train_steps, price_per_gpu_hour)
     sizes, act_bytes = _precision(precision)
     n = _whole("gpus", gpus)
     _whole("micro_batch", micro_batch)
@@ -190,6 +201,13 @@ def plan(params: float | None = None, *, model: str | ModelShape | None = None, 
             time.compute_seconds, time.exposed_comm_seconds, time.offload_seconds, pcie,
             m.offloaded_bytes * min(gpus_per_node, n),
             time.seconds / tokens * 1e6 / 3600)
+    if train_tokens is not None or train_steps is not None:
+        for s in out.strategies.values():
+            c = training_cost(s.step_seconds, tokens * n, n, train_tokens, train_steps,
+                              price_per_gpu_hour)
+            s.train_hours, s.train_gpu_hours, s.train_cost = c.hours, c.gpu_hours, c.cost
+        out.train_steps, out.train_tokens = c.steps, c.steps * tokens * n
+        out.price_per_gpu_hour = price_per_gpu_hour
     return out
 
 

@@ -1,8 +1,9 @@
 """The planner's table, as ``fsdp-mini plan`` prints it and the Planner widget shows it.
 
-Two blocks per plan: memory per GPU by category, the peak with the reserve kept free, whether
-it fits; then traffic and time per step: bytes sent, the step's compute, the communication the
-overlap does not hide, offload, and GPU-hours per million tokens. The assumptions the time rests
+Blocks per plan: memory per GPU by category, the peak with the reserve kept free, whether it
+fits; traffic and time per step: bytes sent, the step's compute, the communication the overlap
+does not hide, offload, and GPU-hours per million tokens; with a training budget, the time to
+train, the GPU-hours and, with a price per GPU-hour, the cost. The assumptions the time rests
 on (GPU, FLOP/s, efficiency, both network levels, the reserve) are printed under them.
 """
 
@@ -32,6 +33,8 @@ def format_plan(p: Plan) -> str:
                      f" {s.peak_bytes / scale:8.2f} {(s.peak_bytes + p.reserve_bytes) / scale:7.2f}"
                      f" {'yes' if s.fits else 'NO':>4}  {s.peak_moment}")
     lines += ["", _time_block(p, unit, scale)]
+    if p.train_steps is not None:
+        lines += ["", _budget_block(p)]
     a = p.assumptions
     lines += [f"time: {p.tokens_per_gpu_per_step:,} tokens per GPU per step; {a['gpu']} at "
               f"{a['peak_flops'] / 1e12:g} TFLOPS x {a['efficiency']:.0%}; inside a node "
@@ -39,6 +42,19 @@ def format_plan(p: Plan) -> str:
               f"reserve: {a['reserve']}"]
     lines += [f"note: {n}" for n in p.notes]
     return "\n".join(lines)
+
+
+def _budget_block(p: Plan) -> str:
+    price = ("no price given (price_per_gpu_hour=...)" if p.price_per_gpu_hour is None
+             else f"at {p.price_per_gpu_hour:g} per GPU-hour (your price)")
+    head = f"{'strategy':<8} {'days':>8} {'hours':>10} {'GPU-hours':>12} {'cost':>14}  fits"
+    rows = [f"to train {p.train_tokens:,.0f} tokens ({p.train_steps:,} steps of "
+            f"{p.tokens_per_gpu_per_step * p.gpus:,} tokens), {price}:", head, "-" * len(head)]
+    for name, s in p.strategies.items():
+        cost = "-" if s.train_cost is None else f"{s.train_cost:,.0f}"
+        rows.append(f"{name:<8} {s.train_hours / 24:8.1f} {s.train_hours:10.1f} "
+                    f"{s.train_gpu_hours:12,.0f} {cost:>14}  {'yes' if s.fits else 'NO'}")
+    return "\n".join(rows)
 
 
 def _time_block(p: Plan, unit: str, scale: float) -> str:

@@ -5,7 +5,8 @@
 
 Controls: model (a preset or a parameter count), GPUs, GPU memory, the GPU (its FLOP/s and
 NVLink), precision, the dtype gradients are reduced in, micro-batch, activation checkpointing,
-offload, the bandwidth across nodes. Every change re-plans
+offload, the bandwidth across nodes, and a training budget: tokens and your price per GPU-hour
+(none is built in), for the time to train, GPU-hours and cost. Every change re-plans
 (:func:`fsdp_mini.plan`) and redraws the bars of :func:`fsdp_mini.plots.plan_bars` as a PNG in
 an ``Image`` widget (no ipympl needed: it updates in any front-end); ``figure`` keeps the last
 matplotlib Figure for slides and static exports.
@@ -28,6 +29,7 @@ PARAM_CHOICES = {"1B (params only)": 1e9, "7B (params only)": 7e9, "13B (params 
 
 
 LINK_GBS = (1, 2, 5, 10, 25, 50, 100, 200, 400, 1000)  # link bandwidths offered, GB/s
+TOKENS = (1e9, 1e10, 1e11, 3e11, 1e12, 2e12, 5e12, 1e13)  # training budgets offered
 
 
 class Planner(W.VBox):
@@ -55,6 +57,11 @@ class Planner(W.VBox):
             # browser and sends that back, so the table would not be plan(bandwidth_gbs=50)'s.
             "bandwidth_gbs": W.SelectionSlider(options=LINK_GBS, value=50,
                                                description="nodes GB/s"),
+            "train_tokens": W.SelectionSlider(options=[(f"{t:.0e}", t) for t in TOKENS],
+                                              value=1e12, description="tokens"),
+            # Note: no price is built in: empty until the user types theirs
+            "price_per_gpu_hour": W.Text(value="", placeholder="your price per GPU-hour",
+                                         description="price"),
         }
         self.image = W.Image(format="png")
         self.table = W.HTML()
@@ -62,12 +69,18 @@ class Planner(W.VBox):
         self.figure = None
         for control in c.values():
             control.observe(lambda _: self.redraw(), names="value")
-        self.children = [W.HBox([W.VBox(list(c.values())[:5]), W.VBox(list(c.values())[5:])]),
+        self.children = [W.HBox([W.VBox(list(c.values())[:7]), W.VBox(list(c.values())[7:])]),
                          self.image, self.table]
         self.redraw()
 
     def arguments(self) -> dict:
         c = {k: w.value for k, w in self.controls.items()}
+        price = c["price_per_gpu_hour"].strip()
+        try:
+            c["price_per_gpu_hour"] = float(price) if price else None
+        except ValueError:
+            raise ValueError(f"price {price!r} is not a number: type your price of one GPU-hour, "
+                             f"e.g. 2.5") from None
         model = c.pop("model")
         gpus = c["gpus"]
         shard = max(s for s in range(1, min(8, gpus) + 1) if gpus % s == 0)  # a node, or less
@@ -77,7 +90,11 @@ class Planner(W.VBox):
 
     def redraw(self) -> None:
         """Re-plan from the controls and redraw the bars and the table."""
-        self.plan = plan(**self.arguments())
+        try:
+            self.plan = plan(**self.arguments())
+        except ValueError as err:  # Note: a price typed half-way ("2.", "abc") says so, once
+            self.table.value = f"<pre style='font-size:11px'>planner: {err}</pre>"
+            return
         self.figure = plots.plan_bars(self.plan)
         buf = io.BytesIO()
         self.figure.savefig(buf, format="png", dpi=90)
