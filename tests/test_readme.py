@@ -24,3 +24,17 @@ def test_ci_runs_the_readme_commands():
 def test_install_uses_the_cpu_torch_and_the_dev_extra():
     install = _quick_start_commands()[0]
     assert 'pip install "torch==2.13.0" -e ".[dev]"' in install
+
+
+def test_the_japanese_overview_is_linked_and_gives_the_same_two_commands():
+    readme, ja = (ROOT / "README.md").read_text(), (ROOT / "README.ja.md").read_text()
+    assert "(README.ja.md)" in readme and "(README.md)" in ja
+    block = re.search(r"## クイックスタート.*?```bash\n(.*?)```", ja, re.S).group(1)
+    commands = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands == _quick_start_commands()
+    labs = sorted(p.stem for p in (ROOT / "labs").glob("[0-9][0-9]_*.ipynb"))
+    missing = [name for name in labs if f"`{name}`" not in ja]
+    assert not missing, f"labs the Japanese overview does not list: {missing}"
+    for notebook in ("labs/project_lead.ja.ipynb", "labs/project_lead.ipynb"):
+        assert notebook in ja and (ROOT / notebook).is_file()
+    assert all(word in ja for word in ("シャーディング", "通信オーバーヘッド", "DDP", "ZeRO"))
