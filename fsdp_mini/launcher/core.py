@@ -165,6 +165,12 @@ def run_with_torchrun(fn, *args, backend=None, timeout=120.0):
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     init_group(backend, rank, world_size, local_rank, check_timeout(timeout))
     try:
-        return fn(rank, world_size, *args)
-    finally:
-        dist.destroy_process_group()
+        result = fn(rank, world_size, *args)
+    except BaseException:
+        dist.destroy_process_group()  # Note: no barrier: the other ranks may never reach one
+        raise
+    # Note: every rank's collectives done before the group goes: a gloo work still alive when the
+    # interpreter exits aborts the process ("terminate called without an active exception").
+    dist.barrier()
+    dist.destroy_process_group()
+    return result
