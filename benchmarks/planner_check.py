@@ -14,14 +14,12 @@ peak (fragmentation), against the planner's default (``fsdp_mini.planner.hardwar
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
-from functools import partial
 
 import torch
 
 import fsdp_mini
-from fsdp_mini.models import GPTConfig, SyntheticText, make_model
+from fsdp_mini.jobs.peaks import option_peaks
+from fsdp_mini.models import GPTConfig
 from fsdp_mini.planner import hardware
 from fsdp_mini.planner.plan import plan
 from fsdp_mini.planner.shapes import ModelShape
@@ -45,60 +43,20 @@ CASES = {
 
 
 def rank_figures(rank, world_size, model, micro_batch, names) -> dict:
-    torch.set_num_threads(1)
+    """On each rank: the memory CUDA and NCCL took before any tensor (GPUs only), then each
+    case's peaks (:func:`fsdp_mini.jobs.peaks.option_peaks`)."""
     device = fsdp_mini.rank_device()
-    cuda = device.type == "cuda"
     out = {}
-    if cuda:  # Note: what the context and NCCL took before any tensor of the job
+    if device.type == "cuda":  # Note: what the context and NCCL took before any tensor of the job
         free_before, total = torch.cuda.mem_get_info(device)
         torch.distributed.barrier()
         free_after, _ = torch.cuda.mem_get_info(device)
         out["_reserve"] = {"total": total, "context_and_nccl": total - free_after,
                            "nccl_first_collective": free_before - free_after}
     cfg = GPTConfig.sized(model)
-    data = SyntheticText(cfg.vocab_size, cfg.block_size)
-    for name in names:
-        strategy, options, micro, _ = CASES[name]
-        if options.get("offload") and not cuda:
-            continue
-        net = make_model(cfg).to(device)
-        net, opt = fsdp_mini.parallelize(net, strategy, units=list(net.blocks),
-                                         optimizer=partial(torch.optim.AdamW, lr=1e-3,
-                                                           foreach=False), **options)
-
-        def step(s, mem=None, net=net, opt=opt):  # Note: bound now; deleted after the case
-            x, y = (t.to(device) for t in data.local_batch(s, micro_batch * micro * world_size,
-                                                          rank, world_size))
-            for i, (xm, ym) in enumerate(zip(x.chunk(micro), y.chunk(micro))):
-                quiet = fsdp_mini.no_sync(net) if i < micro - 1 else contextlib.nullcontext()
-                with quiet:
-                    (net(xm, ym)[1] / micro).backward()
-            opt.step()
-            if mem is not None:
-                mem.mark("after_step")
-            opt.zero_grad()
-
-        step(0)
-        if cuda:
-            torch.cuda.synchronize()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-        with fsdp_mini.track_memory(net, opt) as mem:
-            step(1, mem)
-        fig = {"tensors": mem.own_peak_bytes}
-        if cuda:
-            torch.cuda.synchronize()
-            stats = torch.cuda.memory_stats()
-            fig.update(allocator=torch.cuda.max_memory_allocated() - base,
-                       fragmentation=stats["reserved_bytes.all.peak"]
-                       - stats["allocated_bytes.all.peak"],
-                       reserved_peak=stats["reserved_bytes.all.peak"])
-        out[name] = fig
-        del net, opt, mem
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
-    return out
+    cases = {name: (cfg, *CASES[name][:3]) for name in names
+             if device.type == "cuda" or not CASES[name][1].get("offload")}
+    return {**out, **option_peaks(rank, world_size, cases, micro_batch)}
 
 
 def main() -> int:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from planner_workers import _key, measure_option_peaks
 from test_planner import MICRO_BATCH, SHAPES
 
 import fsdp_mini
+from fsdp_mini.jobs.peaks import option_peaks
 from fsdp_mini.models import GPTConfig
 from fsdp_mini.planner import hardware
 from fsdp_mini.planner.plan import plan
@@ -36,8 +36,9 @@ OVER = 0.20                                # the safe side, but not uselessly so
 @pytest.fixture(scope="module", params=[2, 4], ids=["ws2", "ws4"])
 def measured(request):
     ws = request.param
-    cases = [(s, f, st, o, m) for s, f in SHAPES.items() for st, o, m, _ in OPTIONS]
-    return ws, fsdp_mini.launch(measure_option_peaks, ws, cases, MICRO_BATCH[ws], timeout=120)
+    cases = {_key(s, st, o, m): (GPTConfig(**f), st, o, m)
+             for s, f in SHAPES.items() for st, o, m, _ in OPTIONS}
+    return ws, fsdp_mini.launch(option_peaks, ws, cases, MICRO_BATCH[ws], timeout=120)
 
 
 def test_the_planned_peak_errs_on_the_safe_side_under_every_option(measured):
@@ -49,10 +50,15 @@ def test_the_planned_peak_errs_on_the_safe_side_under_every_option(measured):
             s = plan(model=ModelShape.from_gpt(GPTConfig(**fields)), gpus=ws,
                      micro_batch=MICRO_BATCH[ws], strategies=(strategy,),
                      **plan_options).strategies[strategy]
-            errors = [s.peak_bytes / r[key] - 1 for r in per_rank]
+            errors = [s.peak_bytes / r[key]["tensors"] - 1 for r in per_rank]
             rows.append((key, min(errors), max(errors)))
     print("\n".join(f"{k:<55} ws{ws} error {lo:+7.2%} .. {hi:+7.2%}" for k, lo, hi in rows))
     under = [r for r in rows if r[1] < -UNDER]
     over = [r for r in rows if r[2] > OVER]
     assert not under, f"the planner under-predicts by more than {UNDER:.0%}: {under}"
     assert not over, f"the planner over-predicts by more than {OVER:.0%}: {over}"
+
+
+def _key(shape, strategy, options, micro) -> str:
+    opts = ",".join(f"{k}={str(v).removeprefix('torch.')}" for k, v in options.items())
+    return f"{shape}/{strategy}" + (f",{opts}" if opts else "") + (f",x{micro}" if micro > 1 else "")

@@ -3,7 +3,8 @@
     fsdp_mini.launch(train_gpt, 4, "fsdp", monitor=Dashboard())   # one strategy, watched live
     fsdp-mini compare --world-size 4                             # every strategy, one table
 
-Files: gpt (``train_gpt``, ``train_strategies``), compare (the main job, run on every rank),
+Files: gpt (``train_gpt``, ``train_strategies``), compare (the main job, run on every rank), peaks
+(one step's peak per rank under a strategy and its options: what the planner is checked against),
 cli (the ``fsdp-mini`` command). May import: everything else; it is the top of the house
 (``fsdp-mini render-labs`` runs the lab kit's renderer).
 """
