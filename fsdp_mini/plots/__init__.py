@@ -226,7 +226,7 @@ def plan_bars(plan, ax=None) -> Figure:
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.axhline(plan.gpu_mem_bytes / scale, color="#222222", ls="--", lw=1.2,
                label=f"GPU memory ({plan.gpu_mem_bytes / 1e9:g} GB)")
-    usable = plan.gpu_mem_bytes - getattr(plan, "reserve_bytes", 0.0)
+    usable = plan.gpu_mem_bytes - plan.reserve_bytes
     ax.axhline(usable / scale, color="#b03030", ls=":", lw=1.2,
                label=f"less the reserve ({usable / 1e9:.3g} GB)")
     for i, n in enumerate(names):

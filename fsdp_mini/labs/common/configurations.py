@@ -5,16 +5,18 @@
     what_is_invalid(config)     # '' (or what is wrong with an answer, in words)
     options_of(config)          # the parallelize options that run it in fsdp_mini
 
-"bf16-mixed" is the planner's: 2-byte all-gathers *and* 2-byte gradient reductions, in fsdp_mini
-``param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16`` (fsdp_mini's own default reduces in
-fp32; lab 07 measured that).
+"bf16-mixed" here means 2-byte all-gathers *and* 2-byte gradient reductions: in fsdp_mini
+``param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16`` (``options_of``), in the planner
+``reduce_dtype="bf16"`` (``reduce_dtype_of``). Both default to fp32 reductions; lab 07 measured
+that default.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["PRECISIONS", "STRATEGIES", "describe", "options_of", "what_is_invalid"]
+__all__ = ["PRECISIONS", "STRATEGIES", "describe", "options_of", "reduce_dtype_of",
+           "what_is_invalid"]
 
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")   # the less sharded first
 PRECISIONS = ("fp32", "bf16-mixed")
@@ -62,3 +64,9 @@ def options_of(config: dict) -> dict:
             raise ValueError("activation checkpointing is an fsdp option in fsdp_mini")
         options["activation_checkpointing"] = True
     return options
+
+
+def reduce_dtype_of(precision: str) -> str | None:
+    """The planner's ``reduce_dtype`` for a precision of these configurations: "bf16" for
+    bf16-mixed (its gradients travel in bf16, as ``options_of`` runs it), None (fp32) else."""
+    return "bf16" if precision == "bf16-mixed" else None

@@ -27,7 +27,7 @@ import math
 from ...planner.plan import plan
 from ...planner.shapes import ModelShape
 from ..common.exercise import not_written_yet
-from ..common.configurations import describe
+from ..common.configurations import describe, reduce_dtype_of
 from ..common.report import CheckResult
 from .fit import JOB_BUDGET
 from .runs import JOB_GPT
@@ -117,11 +117,9 @@ def job_cases(runs: dict, world_size: int, shape: ModelShape, gpus: int) -> list
         if config in seen:
             continue
         seen.append(config)
-        # Note: the assessment's bf16-mixed reduces in bf16 too (2-byte reductions), as its
-        # runs do (labs.options_of); the planner's default reduces in fp32, as parallelize does.
         p = plan(model=shape, gpus=gpus, precision=config["precision"],
                  checkpointing=config["checkpointing"], strategies=(config["strategy"],),
-                 reduce_dtype="bf16" if config["precision"] == "bf16-mixed" else None)
+                 reduce_dtype=reduce_dtype_of(config["precision"]))
         cases.append((f"the planner, the job's model on {gpus} GPUs", config, big, gpus,
                       p.strategies[config["strategy"]].sent_bytes_per_step))
     return cases

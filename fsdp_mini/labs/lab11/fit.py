@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from ...planner.plan import plan
 from ...planner.shapes import PRESETS, ModelShape
-from ..common.configurations import PRECISIONS, STRATEGIES, describe, what_is_invalid
+from ..common.configurations import (PRECISIONS, STRATEGIES, describe, reduce_dtype_of,
+                                     what_is_invalid)
 from ..common.exercise import not_written_yet
 from ..common.report import CheckResult
 
@@ -105,7 +106,7 @@ def _plans(budget: FitBudget) -> dict:
         for ck in (False, True):
             common = {"gpus": budget.gpus, "precision": prec, "micro_batch": budget.micro_batch,
                       "checkpointing": ck, "strategies": STRATEGIES,
-                      "reduce_dtype": reduce_dtype(prec)}
+                      "reduce_dtype": reduce_dtype_of(prec)}
             out[(prec, ck)] = plan(model=budget.shape, **common)
             out[("params", prec, ck)] = plan(params=budget.shape.params(), **common)
     return out
@@ -135,14 +136,9 @@ def planned(budget: FitBudget, config: dict):
     p = plan(model=budget.shape, gpus=budget.gpus, gpu_mem_gb=budget.gpu_mem_gb,
              precision=config["precision"], micro_batch=budget.micro_batch,
              checkpointing=config["checkpointing"], strategies=(config["strategy"],),
-             reduce_dtype=reduce_dtype(config["precision"]))
+             reduce_dtype=reduce_dtype_of(config["precision"]))
     return p.strategies[config["strategy"]]
 
-
-def reduce_dtype(precision: str) -> str | None:
-    """The job's gradients travel in bf16 under bf16-mixed (2-byte reductions, as its runs do);
-    the planner's default, like parallelize's, is fp32."""
-    return "bf16" if precision == "bf16-mixed" else None
 
 
 def _judge(result: CheckResult, budget: FitBudget, plans: dict, answer, want) -> None:
