@@ -225,6 +225,16 @@ def pdf(html_file: Path, out: Path, timeout_ms: int = 120_000) -> bool:
             page = browser.new_page()
             page.goto(f"{html_file.resolve().as_uri()}?print-pdf", timeout=timeout_ms)
             page.wait_for_function("window.Reveal && Reveal.isReady()", timeout=timeout_ms)
+            # Note: ready is not laid out: reveal.js builds the print pages after it, one
+            # .pdf-page per slide, and again once fonts and images have loaded; printed
+            # before that, Chromium 150 wrote one page. So: every page there, and still there.
+            pages = ("document.querySelectorAll('.pdf-page').length > 0 && document"
+                     ".querySelectorAll('.pdf-page').length >= Reveal.getTotalSlides()")
+            page.evaluate("document.fonts.ready.then(() => true)")
+            page.wait_for_load_state("networkidle", timeout=timeout_ms)
+            for _ in range(2):
+                page.wait_for_function(pages, timeout=timeout_ms)
+                page.wait_for_timeout(500)
             page.pdf(path=str(out), prefer_css_page_size=True, print_background=True)
         finally:
             browser.close()

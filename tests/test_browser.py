@@ -239,7 +239,7 @@ READ_PLANNER = r"""(cell) => {
   return {size: size(box), controls, table: text(pre).trim(),
           image: img ? {src: img.src, natural: img.naturalWidth, size: size(img)} : null};
 }"""
-SHOWN = {"model", "GPUs", "GPU GB", "precision", "micro-batch", "link GB/s"}
+SHOWN = {"model", "GPUs", "GPU GB", "precision", "micro-batch", "nodes GB/s", "reduce in", "GPU", "tokens", "price"}
 
 
 def _planner_table(controls) -> str:
