@@ -141,6 +141,7 @@ def test_fsdp_peak_is_sharded_state_plus_gathered_unit_plus_activations():
 
 def test_fsdp_frees_the_full_parameters_once_sharded():
     for res in launch(workers.wrap_memory, 4, "fsdp"):
+        assert res["released"] == res["parameters"], "the kit still holds a full parameter"
         # what stays: this rank's quarter (+ padding); the full parameters are gone
         assert res["after"] - res["before"] == pytest.approx(-0.75 * res["model_bytes"], rel=0.01)
 

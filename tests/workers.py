@@ -221,16 +221,29 @@ def cuda_memory(rank: int, world_size: int):
 
 
 def wrap_memory(rank: int, world_size: int, strategy: str):
-    """Live tensor bytes of this process before and after parallelize (model state only)."""
+    """Live tensor bytes of this process before and after parallelize (model state only), and
+    whether the full parameters' storages were released.
+
+    Note: gloo's worker thread drops its reference to a broadcast tensor a moment after the
+    broadcast's wait returns; on oversubscribed cores that moment can outlast parallelize. So the
+    count is read once every original storage is gone (or after 10 s, when ``released`` says the
+    kit still holds one)."""
+    import time
+    import weakref
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = StateHeavy()
+    originals = [weakref.ref(p.untyped_storage()) for p in model.parameters()]
     with fsdp_mini.track_memory() as mem:
         before = mem.current_bytes
         model, _ = fsdp_mini.parallelize(model, strategy, units=list(model.layers))
+        deadline = time.monotonic() + 10
+        while any(r() is not None for r in originals) and time.monotonic() < deadline:
+            time.sleep(0.01)
         after = mem.current_bytes
     return {"before": before, "after": after, "model_bytes": 4 * sum(
-        p.numel() for p in StateHeavy().parameters())}
+        p.numel() for p in StateHeavy().parameters()),
+        "released": sum(r() is None for r in originals), "parameters": len(originals)}
 
 
 # -- debugging ---------------------------------------------------------------------------------
