@@ -90,6 +90,7 @@ class DDP(Strategy):
                             p.grad = torch.div(g, n).to(p.dtype)  # fp32 from reduce_dtype
                     else:
                         torch.div(g, n, out=p.grad)
+                work.free_sent()  # the averages are in p.grad: the bucket copy goes now
         self._in_flight.clear()
 
     def _finish(self) -> None:

@@ -166,6 +166,7 @@ class Zero(Strategy):
                 bucket = self.buckets[work.target]
                 mean = cast(work.mean(self.comm.world_size), bucket.flat.dtype, "grads")
                 bucket.pieces.add_grads(mean, work.absent)
+                work.free_sent()
         self._in_flight.clear()
 
     def _finish(self) -> None:
@@ -194,7 +195,8 @@ class Zero(Strategy):
             mine = torch.empty(self.buckets[i].layout.shard_numel, dtype=full.dtype,
                                device=full.device)
         handle = self.comm.reduce_scatter(mine, full, label=f"bucket{i}", async_op=True)
-        self._in_flight.append(Reduction(i, full, mine, handle, absent))
+        owned = full is not self.buckets[i].flat_grad  # ZeRO-1's own buffer lives on
+        self._in_flight.append(Reduction(i, full, mine, handle, absent, owned))
 
     def before_step(self) -> None:
         check_synced(self.strategy, self._owed)

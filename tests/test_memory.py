@@ -146,6 +146,21 @@ def test_fsdp_frees_the_full_parameters_once_sharded():
         assert res["after"] - res["before"] == pytest.approx(-0.75 * res["model_bytes"], rel=0.01)
 
 
+@pytest.mark.parametrize("strategy, options, kept", [
+    ("ddp", {}, False), ("zero2", {}, False), ("fsdp", {}, False),
+    ("fsdp", {"param_dtype": torch.bfloat16, "reduce_dtype": torch.bfloat16}, False),
+    ("zero1", {}, True)])
+def test_a_gradient_buffer_sent_is_freed_once_read_though_someone_still_holds_it(
+        strategy, options, kept):
+    for held in launch(workers.sent_buffers_after_step, 2, strategy, options):
+        assert held, f"{strategy} sent no gradient"
+        for op, left, size in held:
+            if kept:  # ZeRO-1 reduce-scatters its own gradient buffer, which lives on
+                assert left == size, (op, left, size)
+            else:
+                assert left == 0, f"{strategy}: a {size}-byte {op} buffer is still there"
+
+
 def test_fsdp_phases_draw_the_gather_free_saw_tooth():
     """With the tracker as recorder, FSDP marks each unit's phases: gathered, then freed."""
     torch.manual_seed(0)

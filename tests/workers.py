@@ -246,6 +246,26 @@ def wrap_memory(rank: int, world_size: int, strategy: str):
         "released": sum(r() is None for r in originals), "parameters": len(originals)}
 
 
+def sent_buffers_after_step(rank: int, world_size: int, strategy: str, options: dict):
+    """Bytes still held by each gradient buffer a strategy sent in one step, though the test holds
+    every one of them (as a backend's worker thread can, a moment past the wait): a buffer made to
+    be sent is freed once read, a buffer the strategy keeps (ZeRO-1's) is not."""
+    torch.manual_seed(0)
+    model = StateHeavy(width=32, depth=3)
+    units = list(model.layers) if strategy == "fsdp" else None
+    model, opt = fsdp_mini.parallelize(model, strategy, units=units, **options)
+    comm = model.fsdp_mini.comm
+    held = []
+    for op in ("all_reduce", "reduce_scatter"):
+        def keeping(*args, _call=getattr(comm, op), _op=op, **kwargs):
+            held.append((_op, args[0] if _op == "all_reduce" else args[1]))
+            return _call(*args, **kwargs)
+        setattr(comm, op, keeping)
+    model(torch.randn(2, 32)).backward()
+    opt.step()
+    return [(op, t.untyped_storage().nbytes(), t.numel() * t.element_size()) for op, t in held]
+
+
 # -- debugging ---------------------------------------------------------------------------------
 
 def skip_a_unit(rank: int, world_size: int, check: bool, stamp_dir: str):

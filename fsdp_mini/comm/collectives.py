@@ -196,11 +196,23 @@ class Reduction:
     result: torch.Tensor
     handle: Handle
     absent: list[int]
+    owned: bool = True  # ``sent`` was made for this reduction alone (False: a kept buffer)
 
     def mean(self, world_size: int) -> torch.Tensor:
         """Wait for the sum over ranks, then divide it by N: the gradient of the global batch."""
         self.handle.wait()
         return self.result.div_(world_size)
+
+    def free_sent(self) -> None:
+        """Free the buffer sent, once its result has been read (an owned buffer only).
+
+        Note: a backend's worker thread can hold the finished work, and with it this buffer, a
+        moment after the wait returns (gloo's does). On busy cores that moment reached into the
+        optimizer step and added a whole bucket to its peak; freeing the storage here ends the
+        buffer when the algorithm is done with it, whatever the thread does."""
+        self.handle.wait()
+        if self.owned:
+            self.sent.untyped_storage().resize_(0)
 
 
 def _nbytes(t: torch.Tensor) -> int:

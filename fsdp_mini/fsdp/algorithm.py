@@ -301,6 +301,7 @@ class FSDP(WholeView, Strategy):
                 mean = cast(mean, work.target.shard.dtype, "grads")
                 mean = mean.to(work.target.shard.device)  # offload: the gradient shard goes home
                 work.target.pieces.add_grads(mean, work.absent)
+                work.free_sent()  # the unit's flat gradient: read, so freed now
         self._pending.clear()
 
     def reduce_shard_grad(self, group: FlatGroup, mean: torch.Tensor) -> torch.Tensor:
