@@ -107,6 +107,11 @@ def memory(name: str, layout: Layout, n: int, group: int, acts: tuple[int, ...],
         moments["backward end"]["comm_buffers"] = 0.0
         moments["optimizer step"].update(grads=local["grads"] * (1 + 1 / n),
                                          comm_buffers=bucket, activations=0.0)
+    elif name == "zero2" and no_sync:
+        # Note: every p.grad is already in the whole gradients held; the last bucket adds its
+        # flat copy, and the shard its reduce-scatter lands in joins them.
+        moments["backward end"].update(comm_buffers=bucket,
+                                       grads=local["grads"] + sizes.grads * padded / group)
     elif name == "zero2":
         moments["backward end"]["comm_buffers"] = 2 * bucket  # the bucket's p.grad + flat copy
     elif name in ("fsdp", "hsdp"):
