@@ -59,6 +59,21 @@ def test_the_planned_peak_errs_on_the_safe_side_under_every_option(measured):
     assert not over, f"the planner over-predicts by more than {OVER:.0%}: {over}"
 
 
+def test_with_checkpointing_the_peak_holds_the_gradient_shards_of_the_layers_done(measured):
+    """Checkpointed layers keep little for backward, so the peak comes late in backward, when
+    every layer above the one being recomputed holds its reduced gradient shard (fp32: exact)."""
+    ws, per_rank = measured
+    strategy, options, micro, plan_options = OPTIONS[2]
+    for shape, fields in SHAPES.items():
+        key = _key(shape, strategy, options, micro)
+        s = plan(model=ModelShape.from_gpt(GPTConfig(**fields)), gpus=ws,
+                 micro_batch=MICRO_BATCH[ws], strategies=(strategy,),
+                 **plan_options).strategies[strategy]
+        assert s.peak_moment == "backward", (key, s.peak_moment)
+        for r in per_rank:
+            assert s.by_category["grads"] == r[key]["at_peak"]["grads"], (key, ws)
+
+
 def _key(shape, strategy, options, micro) -> str:
     opts = ",".join(f"{k}={str(v).removeprefix('torch.')}" for k, v in options.items())
     return f"{shape}/{strategy}" + (f",{opts}" if opts else "") + (f",x{micro}" if micro > 1 else "")

@@ -27,7 +27,8 @@ from ..models import SyntheticText, make_model
 
 def option_peaks(rank: int, world_size: int, cases: dict, micro_batch: int) -> dict:
     """``cases``: {key: (GPTConfig, strategy, parallelize options, micro-batches per step)};
-    returns {key: {"tensors": bytes[, "allocator": bytes, "fragmentation": bytes]}}."""
+    returns {key: {"tensors": bytes, "at_peak": bytes by category at that peak[,
+    "allocator": bytes, "fragmentation": bytes]}}."""
     torch.set_num_threads(1)
     device = rank_device()
     out = {}
@@ -64,7 +65,7 @@ def _one_case(cfg, strategy, options, micro, micro_batch, rank, world_size, devi
         torch.cuda.reset_peak_memory_stats()
     with track_memory(net, opt) as mem:
         step(1, mem)
-    fig = {"tensors": mem.own_peak_bytes}
+    fig = {"tensors": mem.own_peak_bytes, "at_peak": dict(mem.at_peak)}
     if cuda:
         torch.cuda.synchronize()
         stats = torch.cuda.memory_stats()

@@ -76,7 +76,7 @@ def memory(name: str, layout: Layout, n: int, group: int, acts: tuple[int, ...],
            offload: bool, reduce_bytes: int, no_sync: bool = False,
            micro_batches: int = 1) -> Memory:
     """The state and the peak of ``name`` on one GPU; ``acts`` are the activations at forward
-    end, backward start and in backward. With ``micro_batches`` > 1 the gradients of the
+    end, backward start, then in the backward of each layer below the last. With ``micro_batches`` > 1 the gradients of the
     micro-batches before the last one are held through its forward and backward."""
     sizes, sharded = layout.sizes, SHARDED[name]
     pieces = layout.pieces(name, n, group)
@@ -124,9 +124,14 @@ def memory(name: str, layout: Layout, n: int, group: int, acts: tuple[int, ...],
         del moments["forward end"]
         moments["backward start"] = {**kept, "gathered_params": gathered,
                                      "activations": acts[1]}
-        moments["backward"] = {**kept, "gathered_params": gathered, "comm_buffers": layer * travel,
-                               "grads": local["grads"] if no_sync else layer * sizes.grads / group,
-                               "activations": acts[2]}
+        # Note: in backward, fewer activations stay alive with each layer done, while the
+        # layers done keep their gradient shards; with checkpointing (small activations kept)
+        # the peak comes late, with the shards of every layer but the first.
+        moments["backward"] = max(
+            ({**kept, "gathered_params": gathered, "comm_buffers": layer * travel,
+              "grads": local["grads"] if no_sync else done * layer * sizes.grads / group,
+              "activations": act} for done, act in enumerate(acts[2:], start=1)),
+            key=lambda moment: sum(moment.values()))
     if micro_batches > 1:
         # Note: from the second micro-batch on, forward runs with the gradients so far held.
         for key in ("forward end", "backward start", "backward"):

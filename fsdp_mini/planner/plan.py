@@ -35,6 +35,8 @@ gradients, an fp32 master copy and Adam's moments; 2-byte activations and collec
 
 from __future__ import annotations
 
+from functools import partial
+
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -166,8 +168,7 @@ def plan(params: float | None = None, *, model: str | ModelShape | None = None, 
     levels = Levels(Link(node_gbs, node_latency_us), Link(bandwidth_gbs, latency_us),
                     _whole("gpus_per_node", gpus_per_node))
     model_tensors = _tensors(shape, params)
-    acts = tuple(shape.activation_bytes(micro_batch, act_bytes, checkpointing, moment)
-                 if shape else 0 for moment in ("forward end", "backward start", "backward"))
+    acts = _activations(shape, micro_batch, act_bytes, checkpointing)
     tokens = micro_batch * (shape.seq if shape else SEQ_WITHOUT_SHAPE) * micro_batches
     out = Plan(sum(t for _, t in model_tensors), n, mem_gb * 1e9, precision,
                reserve_bytes=reserve * 1e9, reduce_dtype=reduce_name,
@@ -265,3 +266,13 @@ def _whole(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
     return value
+
+
+def _activations(shape, micro_batch: int, act_bytes: int, checkpointing: bool) -> tuple:
+    """Activation bytes at forward end, at backward start, then in the backward of each layer
+    below the last (1, 2, ... layers done): see ``ModelShape.activation_bytes``."""
+    if shape is None:
+        return (0, 0, 0)
+    at = partial(shape.activation_bytes, micro_batch, act_bytes, checkpointing)
+    return (at("forward end"), at("backward start"),
+            *(at("backward", done) for done in range(1, max(shape.n_layer, 2))))

@@ -111,13 +111,15 @@ class ModelShape:
         return sum(n for _, n in self.tensors())
 
     def activation_bytes(self, micro_batch: int, elem_bytes: int = 4,
-                         checkpointing: bool = False, moment: str = "forward end") -> int:
+                         checkpointing: bool = False, moment: str = "forward end",
+                         done: int = 1) -> int:
         """Bytes of activations alive at a moment of the step, for one micro-batch.
 
         ``"forward end"``: everything saved for backward, and the logits' gradient (see the
         module docstring); ``"backward start"``: and an untied head's weight gradient (the head
-        has run its backward). ``"backward"``: during the backward of the second-last layer, the
-        head's and the last layer's activations are freed; alive are the other layers', the
+        has run its backward). ``"backward"``: during the backward of a layer once ``done``
+        layers above it have finished theirs (1: the second-last layer), the head's and those
+        layers' activations are freed; alive are the other layers', the
         gradient of the residual stream (2d per token), the layer's two largest weight
         gradients before they are flattened (2 d x ffn) and an untied head's weight gradient
         (vocab x d, reduced with the root at the end of backward). With ``checkpointing`` each layer keeps
@@ -139,7 +141,7 @@ class ModelShape:
                     + (head_grad if moment == "backward start" else 0))
         if moment == "backward":
             working = (layer if checkpointing else 0) + 2 * d * elem_bytes
-            return (tokens * (d * elem_bytes + (self.n_layer - 1) * kept + working)
+            return (tokens * (d * elem_bytes + max(self.n_layer - done, 0) * kept + working)
                     + 2 * d * f * elem_bytes + head_grad)
         raise ValueError(f"moment must be 'forward end', 'backward start' or 'backward', got "
                          f"{moment!r}")
