@@ -166,3 +166,10 @@ def test_compare_config_checks_strategies_for_the_python_api_too():
     with pytest.raises(TypeError, match=r"steps must be an int, got 8.0"):
         CompareConfig(steps=8.0)
     assert CompareConfig(strategies=["ddp", "fsdp"]).strategies == ("ddp", "fsdp")
+
+
+@pytest.mark.parametrize("command", [[], ["compare"], ["render-labs"], ["plan"]])
+def test_every_command_explains_itself_with_help(command):
+    proc = _run(*command, "--help", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: fsdp-mini") and not proc.stderr, proc.stderr

@@ -46,7 +46,7 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--gpu-mem", type=float, default=None,
                    help="GB (10⁹ B) per GPU (default: the --gpu preset's, 80 for an H100)")
     p.add_argument("--reserve-gb", type=float, default=None,
-                   help=f"GB kept free per GPU (default {hardware.RESERVE})")
+                   help=f"GB kept free per GPU (default {hardware.RESERVE})".replace("%", "%%"))
     p.add_argument("--precision", default="bf16-mixed",
                    help=f"{' or '.join(PRECISIONS)} (default bf16-mixed)")
     p.add_argument("--reduce-dtype", default=None, choices=("fp32", "bf16", "fp16"),
