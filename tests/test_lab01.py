@@ -38,7 +38,7 @@ def test_measure_step_counts_the_model_state_of_a_steady_step():
     cfg = GPTConfig.tiny()
     n = make_model(cfg).num_params()
     mem = labs.measure_step(cfg, 2, optimizer="adam")
-    assert [s.label for s in mem.snapshots] == list(labs.lab01.checks.PHASES)
+    assert [s.label for s in mem.snapshots] == list(labs.lab01.runs.PHASES)
     start = mem.snapshots[0].by_category
     assert start["params"] == 4 * n and start["grads"] == 0
     assert 8 * n <= start["optimizer_state"] <= 8.01 * n   # made by the warm-up step
@@ -53,7 +53,7 @@ def test_the_phase_labels_of_a_fine_timeline_do_not_overlap(config):
     fig = labs.draw_timeline(labs.measure_step(config, 1, optimizer="sgd", fine=True))
     FigureCanvasAgg(fig).draw()
     labels = [t for t in fig.axes[0].get_xticklabels() if t.get_text()]
-    assert [t.get_text() for t in labels] == list(labs.lab01.checks.PHASES)
+    assert [t.get_text() for t in labels] == list(labs.lab01.runs.PHASES)
     boxes = [t.get_window_extent() for t in labels]
     assert not [(a, b) for a, b in itertools.combinations(boxes, 2) if a.overlaps(b)]
 

@@ -1,6 +1,7 @@
 """Lab 01, where the memory goes on one device: measure a step, draw it, bound the peak.
 
-``checks.py``: the measurements, the timeline and the checker of the peak predictor. May import:
+``runs.py``: the step measured and its timeline; ``checks.py``: the checker of the peak predictor.
+May import:
 :mod:`fsdp_mini.labs.common` and the engine, never another lab.
 """
 

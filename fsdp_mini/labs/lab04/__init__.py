@@ -1,6 +1,7 @@
 """Lab 04, ZeRO-1 and ZeRO-2 grown from the learner's DDP.
 
-``checks.py``: the scaffolding, the checkers and the measurements. May import:
+``checks.py``: the checkers and the measurements; ``scaffold.py``: ``ZeroScaffold``, what ZeRO-1
+and ZeRO-2 share, ready made. May import:
 :mod:`fsdp_mini.labs.common` and the engine, never another lab.
 """
 
