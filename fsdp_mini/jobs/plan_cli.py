@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 from ..planner import hardware
@@ -59,7 +60,8 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--offload", action="store_true", help="sharded state in CPU memory")
     p.add_argument("--prefetch", action="store_true", help="fsdp gathers the next unit ahead")
     p.add_argument("--shard-size", type=int, default=None,
-                   help="hsdp: GPUs per shard group (default min(8, --gpus): one node)")
+                   help="hsdp: GPUs per shard group (default: the largest divisor of --gpus "
+                        "that fits in a node of --gpus-per-node)")
     time = p.add_argument_group("the step time: compute and the network")
     time.add_argument("--gpu", default=hardware.DEFAULT_GPU,
                       help=f"a preset for FLOP/s, NVLink and memory: {', '.join(hardware.GPUS)} "
@@ -158,13 +160,31 @@ def _checked(args, check_json_path) -> dict:
             "price_per_gpu_hour": args.price_per_gpu_hour}
 
 
+# plan()'s arguments as the command line spells them, for its errors (longest name first)
+FLAGS = {"price_per_gpu_hour": "--price-per-gpu-hour", "node_bandwidth_gbs": "--node-bandwidth",
+         "node_latency_us": "--node-latency", "gpus_per_node": "--gpus-per-node",
+         "bandwidth_gbs": "--link-bandwidth", "micro_batches": "--micro-batches",
+         "train_tokens": "--train-tokens", "reduce_dtype": "--reduce-dtype",
+         "micro_batch": "--micro-batch", "train_steps": "--train-steps",
+         "gpu_mem_gb": "--gpu-mem", "latency_us": "--link-latency", "reserve_gb": "--reserve-gb",
+         "shard_size": "--shard-size", "efficiency": "--efficiency", "tflops": "--tflops",
+         "gpus": "--gpus"}
+
+
+def in_flags(message: str) -> str:
+    """An error of plan() with its argument names written as the flags that set them."""
+    for name, flag in FLAGS.items():
+        message = re.sub(rf"(?<![\w-]){name}(?!\w)", flag, message)
+    return message
+
+
 def plan_command(args, check_json_path) -> int:
     """Run ``fsdp-mini plan``; ``check_json_path(path)`` raises ValueError for a --json path that
     cannot be written (the one ``compare`` uses)."""
     try:
         result = plan(**_checked(args, check_json_path))
     except (ValueError, TypeError) as err:
-        print(f"fsdp-mini plan: error: {err}", file=sys.stderr)
+        print(f"fsdp-mini plan: error: {in_flags(str(err))}", file=sys.stderr)
         return 2
     print(format_plan(result))
     if args.json:

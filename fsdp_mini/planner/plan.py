@@ -120,8 +120,9 @@ def plan(params: float | None = None, *, model: str | ModelShape | None = None, 
 
     Give ``params`` (a count, e.g. ``7e9``: activations are then not counted) or ``model`` (a
     preset name, ``"7b"``, ``"13b"``, ``"70b"``, or a :class:`ModelShape`). ``shard_size``
-    (hsdp's S) defaults to min(8, gpus). ``reduce_dtype``: the dtype gradients are reduced in,
-    ``"fp32"`` (None, the default: what ``parallelize`` does) or ``"bf16"``. ``reserve_gb``: memory
+    (hsdp's S) defaults to the largest divisor of gpus that fits in a node of ``gpus_per_node``.
+    ``reduce_dtype``: the dtype gradients are reduced in, ``"fp32"`` (None, the default: what
+    ``parallelize`` does) or ``"bf16"``. ``reserve_gb``: memory
     kept free per GPU (default :func:`~fsdp_mini.planner.hardware.default_reserve_gb`). The time:
     ``gpu`` (a preset: A100, H100, H200) or ``tflops`` (peak per GPU) at ``efficiency``;
     ``bandwidth_gbs`` and ``latency_us`` across nodes, ``node_bandwidth_gbs`` (default the GPU's
@@ -152,21 +153,19 @@ def plan(params: float | None = None, *, model: str | ModelShape | None = None, 
         raise ValueError(f"reserve_gb must be a number of GB from 0 to below the GPU's "
                          f"{mem_gb:g} GB, got {reserve_gb!r}")
     reduce_name, reduce_bytes = _reduce(reduce_dtype)
-    s = min(8, n) if shard_size is None else _whole("shard_size", shard_size)
-    if n % s:
-        raise ValueError(f"shard_size {s} does not divide gpus {n}: hsdp needs groups of equal "
-                         f"size; pick a divisor of {n}")
-    unknown = [name for name in strategies if name not in PLAN_STRATEGIES]
-    if unknown:
-        raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(PLAN_STRATEGIES)}")
+    strategies = _strategies(strategies)
+    per_node = _whole("gpus_per_node", gpus_per_node)
+    s = _shard_size(shard_size, n, per_node, "hsdp" in strategies)
     peak_flops = device.tflops(precision) if tflops is None else \
         _positive("tflops", tflops, "TFLOPS") * 1e12
     if not 0 < efficiency <= 1:
         raise ValueError(f"efficiency must be a fraction of the peak in (0, 1], e.g. 0.4, got "
                          f"{efficiency!r}")
-    node_gbs = device.nvlink_gbs if node_bandwidth_gbs is None else node_bandwidth_gbs
-    levels = Levels(Link(node_gbs, node_latency_us), Link(bandwidth_gbs, latency_us),
-                    _whole("gpus_per_node", gpus_per_node))
+    node_gbs = device.nvlink_gbs if node_bandwidth_gbs is None else \
+        _positive("node_bandwidth_gbs", node_bandwidth_gbs, "GB/s")
+    levels = Levels(Link(node_gbs, _latency("node_latency_us", node_latency_us)),
+                    Link(_positive("bandwidth_gbs", bandwidth_gbs, "GB/s"),
+                         _latency("latency_us", latency_us)), per_node)
     model_tensors = _tensors(shape, params)
     acts = _activations(shape, micro_batch, act_bytes, checkpointing)
     tokens = micro_batch * (shape.seq if shape else SEQ_WITHOUT_SHAPE) * micro_batches
@@ -255,10 +254,44 @@ def _reduce(dtype) -> tuple[str, int]:
     return REDUCE_DTYPES[name]
 
 
+def _strategies(strategies) -> tuple[str, ...]:
+    """A tuple of names; a string is read as the CLI reads it: "fsdp" or "ddp,fsdp"."""
+    if isinstance(strategies, str):
+        strategies = [name.strip() for name in strategies.split(",") if name.strip()]
+    strategies = tuple(strategies)
+    unknown = [name for name in strategies if name not in PLAN_STRATEGIES]
+    if unknown or not strategies:
+        raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(PLAN_STRATEGIES)}"
+                         if unknown else f"no strategies given; choose from "
+                         f"{', '.join(PLAN_STRATEGIES)}")
+    return strategies
+
+
+def _shard_size(shard_size, n: int, per_node: int, hsdp: bool) -> int:
+    """hsdp's S: given, or the largest divisor of ``n`` that fits in a node."""
+    if shard_size is None:
+        return max(d for d in range(1, min(per_node, n) + 1) if n % d == 0)
+    if not hsdp:
+        raise ValueError(f"shard_size {shard_size!r} is hsdp's, but hsdp is not among the "
+                         f"strategies; add hsdp, or leave shard_size out")
+    s = _whole("shard_size", shard_size)
+    if n % s:
+        raise ValueError(f"shard_size {s} does not divide gpus {n}: hsdp needs groups of equal "
+                         f"size; pick a divisor of {n}")
+    return s
+
+
 def _positive(name: str, value, unit: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
             or not 0 < value < math.inf:
         raise ValueError(f"{name} must be a number of {unit} > 0, got {value!r}")
+    return float(value)
+
+
+def _latency(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 <= value < math.inf:
+        raise ValueError(f"{name} must be a number of µs >= 0, got {value!r}")
     return float(value)
 
 

@@ -82,11 +82,9 @@ class Planner(W.VBox):
             raise ValueError(f"price {price!r} is not a number: type your price of one GPU-hour, "
                              f"e.g. 2.5") from None
         model = c.pop("model")
-        gpus = c["gpus"]
-        shard = max(s for s in range(1, min(8, gpus) + 1) if gpus % s == 0)  # a node, or less
         source = ({"params": PARAM_CHOICES[model]} if model in PARAM_CHOICES
                   else {"model": model})
-        return {**source, **c, "shard_size": shard}
+        return {**source, **c}  # Note: hsdp's shard groups: the planner's default, a node
 
     def redraw(self) -> None:
         """Re-plan from the controls and redraw the bars and the table."""
