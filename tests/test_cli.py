@@ -103,6 +103,8 @@ BAD_ARGUMENTS = [
     (["--strategies", "ddp,fsdp,ddp"], "strategies name ['ddp'] more than once; name each strategy once"),
     (["--strategies", "ddp,zero3"], "unknown strategies ['zero3']; choose from single, ddp, zero1, zero2, fsdp, hsdp"),
     (["--shard-size", "3"], "--shard-size must divide --world-size 2, got 3; use one of [1, 2]"),
+    (["--strategies", "ddp", "--shard-size", "2"], "--shard-size is hsdp's, but --strategies ddp has no hsdp; add hsdp to --strategies, or leave --shard-size out"),
+    (["--json", ""], "--json needs the path of a file to write, e.g. --json report.json"),
     (["--strategies", "ddp,hsdp"], "hsdp needs shard_size (--shard-size S): the ranks that shard the model together, a divisor of the world size"),
 ]
 

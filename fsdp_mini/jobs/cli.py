@@ -91,6 +91,8 @@ def _check_json_path(path: str | None) -> None:
     """Fail now, not after the whole run, if the report cannot be written to path."""
     if path is None:
         return
+    if not path.strip():
+        raise ValueError("--json needs the path of a file to write, e.g. --json report.json")
     target = os.path.abspath(path)
     folder = os.path.dirname(target)
     if os.path.isdir(target):
@@ -133,6 +135,9 @@ def _check_args(args):
     names = (args.strategies if args.strategies is not None
              else ",".join(STRATEGIES + (("hsdp",) if args.shard_size else ())))
     strategies = tuple(s.strip() for s in names.split(",") if s.strip())
+    if args.shard_size is not None and "hsdp" not in strategies:
+        raise ValueError(f"--shard-size is hsdp's, but --strategies {names} has no hsdp; add "
+                         f"hsdp to --strategies, or leave --shard-size out")
     if args.shard_size is not None and (args.shard_size < 1 or world_size % args.shard_size):
         raise ValueError(f"--shard-size must divide --world-size {world_size}, got "
                          f"{args.shard_size}; use one of "
