@@ -214,6 +214,15 @@ def test_damaged_metadata_fields_are_named(tmp_path):
         fsdp_mini.load_checkpoint(make_odd(), None, tmp_path / "ckpt")
 
 
+def test_loading_an_optimizer_from_a_checkpoint_saved_without_one_says_so(tmp_path):
+    model, _ = cw.build("fsdp", "adamw", seed=0)
+    fsdp_mini.save_checkpoint(model, None, tmp_path / "ckpt")
+    again, optimizer = cw.build("fsdp", "adamw", seed=1)
+    with pytest.raises(CheckpointError, match="holds no optimizer state .*pass optimizer=None"):
+        fsdp_mini.load_checkpoint(again, optimizer, tmp_path / "ckpt")
+    fsdp_mini.load_checkpoint(again, None, tmp_path / "ckpt")  # the model alone loads
+
+
 # -- 2. no random state moves --------------------------------------------------------------------
 
 @pytest.mark.parametrize("strategy", ["fsdp", "zero2", "ddp"])

@@ -199,6 +199,9 @@ def _check_fits(whole: Whole, engine, pieces, path: Path) -> None:
 def _load_optimizer(whole: Whole, engine, optimizer, path: Path) -> None:
     """Each optimizer tensor takes its range of the whole state; hyperparameters by group."""
     mine = _optimizer_class(optimizer)
+    if not whole.groups:
+        raise CheckpointError(f"{path} holds no optimizer state (it was saved without an "
+                              f"optimizer); pass optimizer=None to load the model alone")
     if whole.optimizer is not None and whole.optimizer != mine:
         raise CheckpointError(f"{path} holds the state of a {whole.optimizer}, this optimizer is "
                               f"a {mine}; build the same optimizer, or pass optimizer=None")
