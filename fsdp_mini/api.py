@@ -127,6 +127,9 @@ def summon_full_params(model: nn.Module, writeback: bool = False):
             print(model.blocks[0].mlp.fc.weight.norm())     # the whole weight's norm, every rank
     """
     engine = _engine_of(model)
+    if not isinstance(writeback, bool):
+        raise TypeError(f"writeback must be True (keep what the block writes) or False, got "
+                        f"{writeback!r}")
     if isinstance(engine, FSDP):
         with engine.summon(writeback):
             yield model
@@ -252,9 +255,11 @@ def _materialize(module, cls, comm, units, param_init_fn, device, options) -> di
 
 def _check_optimizer_factory(optimizer) -> None:
     if isinstance(optimizer, torch.optim.Optimizer) or not callable(optimizer):
-        raise TypeError("optimizer must be a factory called with the parameters to optimise, "
-                        "e.g. functools.partial(torch.optim.AdamW, lr=1e-3), not an optimizer "
-                        "instance")
+        got = ("an optimizer instance" if isinstance(optimizer, torch.optim.Optimizer)
+               else f"a{'n' * (type(optimizer).__name__[0] in 'aeiou')} "
+                    f"{type(optimizer).__name__}")
+        raise TypeError(f"optimizer must be a factory called with the parameters to optimise, "
+                        f"e.g. functools.partial(torch.optim.AdamW, lr=1e-3), not {got}")
     # Note: tried on a throwaway parameter, so a wrong factory fails before the module changes.
     made = optimizer([nn.Parameter(torch.zeros(1))])
     if not isinstance(made, torch.optim.Optimizer):

@@ -84,6 +84,11 @@ def test_bad_options_and_optimizer():
     with pytest.raises(TypeError, match="factory"):
         model = tiny()
         fsdp_mini.parallelize(model, "ddp", optimizer=torch.optim.SGD(model.parameters(), lr=1))
+    with pytest.raises(TypeError, match="factory .*, not an optimizer instance"):
+        model = tiny()
+        fsdp_mini.parallelize(model, "ddp", optimizer=torch.optim.SGD(model.parameters(), lr=1))
+    with pytest.raises(TypeError, match="factory .*, not an int"):
+        fsdp_mini.parallelize(tiny(), "fsdp", optimizer=5)
     with pytest.raises(ValueError, match="bucket_mb must be positive"):
         fsdp_mini.parallelize(tiny(), "zero2", bucket_mb=0)
     with pytest.raises(TypeError, match="expects an nn.Module"):
@@ -118,3 +123,15 @@ def test_rank_lists_in_messages_read_in_rank_order():
     assert _ranks([1, 0]) == "ranks 0, 1"
     assert _ranks([3, 1, 2], ("was", "were")) == "ranks 1, 2, 3 were"
     assert _ranks([2], ("was", "were")) == "rank 2 was"
+
+
+def test_flags_are_booleans_and_steps_whole_numbers(tmp_path):
+    model, optimizer = fsdp_mini.parallelize(tiny(), "fsdp")
+    with pytest.raises(TypeError, match="sharded must be True .* or False .*got 'no'"):
+        fsdp_mini.save_checkpoint(model, optimizer, tmp_path / "c", sharded="no")
+    with pytest.raises(ValueError, match="step must be a whole number >= 0 .*got -3"):
+        fsdp_mini.save_checkpoint(model, optimizer, tmp_path / "c", step=-3)
+    assert not (tmp_path / "c").exists()
+    with pytest.raises(TypeError, match="writeback must be True .* or False, got 'no'"):
+        with fsdp_mini.summon_full_params(model, writeback="no"):
+            pass

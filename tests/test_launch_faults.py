@@ -135,6 +135,12 @@ def test_collective_site_names_the_collective_the_api_and_the_users_line():
     assert (collective_site(frames)
             == "all_gather_into_tensor via full_state_dict at /home/me/lab.py:12 in train")
     assert collective_site(frames[:1] + frames[3:]) == "all_gather_into_tensor at /home/me/lab.py:12 in train"
+    # a `with summon_full_params(model):` enters through contextlib: still the user's line
+    import contextlib
+    entered = [frames[0], (contextlib.__file__, 137, "__enter__"),
+               (os.path.join(package, "api.py"), 133, "summon_full_params"), *frames[2:]]
+    assert (collective_site(entered)
+            == "all_gather_into_tensor via summon_full_params at /home/me/lab.py:12 in train")
 
 
 def test_rank_blocked_in_a_collective_after_its_peers_returned_is_explained(tmp_path):

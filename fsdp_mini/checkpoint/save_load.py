@@ -56,6 +56,12 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None, p
     ``torch.distributed.checkpoint`` reads, ``{"model": ..., "optim": ...}`` as torch's
     ``get_state_dict`` lays them out (:mod:`fsdp_mini.checkpoint.dcp`); always sharded."""
     engine = _engine(model)
+    if not isinstance(sharded, bool):
+        raise TypeError(f"sharded must be True (each rank writes its shard) or False (one "
+                        f"full.pt), got {sharded!r}")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise ValueError(f"step must be a whole number >= 0 (the training step saved) or None, "
+                         f"got {step!r}")
     if format not in ("kit", "dcp"):
         raise ValueError(f"format={format!r}: say 'kit' (the kit's own files) or 'dcp' (the "
                          f"folder torch.distributed.checkpoint reads)")

@@ -6,6 +6,7 @@ reason of its own, with its traceback and the end of its log, and lists the othe
 A consequence is recognised by where it comes from (torch.distributed), never by its words alone:
 a user's own `RuntimeError("request timed out")` is a cause.
 """
+import contextlib
 import json
 import os
 import re
@@ -22,6 +23,7 @@ _CPP_ORIGIN = re.compile(r"\[[^\]\s]*(gloo|c10d|distributed)[^\]\s]*\.(cc|cpp|h|
 _TORCH_DIST = os.sep + os.path.join("torch", "distributed") + os.sep
 # Note: the whole fsdp_mini package (this file is in fsdp_mini/launcher/), not the user's code
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB = os.path.dirname(os.path.abspath(contextlib.__file__)) + os.sep
 MESSAGE_CHARS = 2000
 TRACEBACK_CHARS = 4000
 MORE_STACKS = 4  # ranks besides the blamed one whose Python stack is shown in a deadline error
@@ -114,8 +116,9 @@ def _in_collective(frames):
 
 
 def _is_user_code(path):
-    """Not torch, not this package, not frozen stdlib (runpy): the user's own file."""
-    return not (path.startswith((_PACKAGE, "<")) or os.sep + "torch" + os.sep in path)
+    """Not torch, not this package, not the standard library (a ``with`` block's
+    ``contextlib.__enter__``, frozen runpy): the user's own file."""
+    return not (path.startswith((_PACKAGE, "<", _STDLIB)) or os.sep + "torch" + os.sep in path)
 
 
 def collective_site(frames):
@@ -129,7 +132,8 @@ def collective_site(frames):
     if not user:
         return op
     path, line, name = callers[user[-1]]
-    via = callers[user[-1] + 1][2] if user[-1] + 1 < len(callers) else None  # fsdp_mini's function called
+    # fsdp_mini's function called (past contextlib's __enter__ for a ``with`` block)
+    via = next((f[2] for f in callers[user[-1] + 1:] if f[0].startswith(_PACKAGE)), None)
     return f"{op}{f' via {via}' if via and via != op else ''} at {path}:{line} in {name}"
 
 
