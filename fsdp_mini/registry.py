@@ -23,7 +23,12 @@ def register_strategy(cls: type[Strategy]) -> type[Strategy]:
     if not isinstance(cls.strategy, str) or not cls.strategy.isidentifier():
         raise ValueError(f"{cls.__name__}.strategy must be a name such as 'my_ddp', got "
                          f"{cls.strategy!r}")
-    _BY_NAME[cls.strategy] = cls
+    kit = _BUILT_IN.get(cls.strategy)
+    if kit is not None and kit is not cls:
+        raise ValueError(f"{cls.__name__}.strategy is {cls.strategy!r}, the name of the kit's own "
+                         f"{kit.__name__}; give your class a name of its own, e.g. strategy = "
+                         f"'my_{cls.strategy}'")
+    _BY_NAME[cls.strategy] = cls  # Note: a class of yours defined again (a cell re-run) replaces
     return cls
 
 
@@ -37,5 +42,7 @@ def strategy_names() -> tuple[str, ...]:
     return tuple(_BY_NAME)
 
 
+_BUILT_IN: dict[str, type[Strategy]] = {}
 for _cls in (Single, DDP, Zero1, Zero2, FSDP, HSDP):  # the kit's own, in ZeRO order
     register_strategy(_cls)
+_BUILT_IN.update(_BY_NAME)  # their names stay theirs

@@ -38,6 +38,17 @@ def test_registration_errors_are_clear():
         fsdp_mini.register_strategy(object)
     with pytest.raises(TypeError, match=r"unknown option\(s\) for 'naive_ddp': bucket_mb"):
         fsdp_mini.parallelize(workers.make_odd(), "naive_ddp", bucket_mb=1)
+    from fsdp_mini.fsdp.algorithm import FSDP
+    from fsdp_mini.registry import get_strategy
+
+    class Forgot(FSDP):  # inherits the name "fsdp"
+        pass
+    with pytest.raises(ValueError, match="'fsdp', the name of the kit's own FSDP; .*'my_fsdp'"):
+        fsdp_mini.register_strategy(Forgot)
+    assert get_strategy("fsdp") is FSDP
+    again = type("NaiveDDP", (toy_strategy.NaiveDDP,), {})  # a cell run twice: yours is replaced
+    assert fsdp_mini.register_strategy(again) is again
+    fsdp_mini.register_strategy(toy_strategy.NaiveDDP)
     model, _ = fsdp_mini.parallelize(workers.make_odd(), toy_strategy.NaiveDDP)  # the class too
     assert model.fsdp_mini.strategy == "naive_ddp"
     assert model.fsdp_mini.formulas() == {"memory": "16Ψ", "sent": "2Ψ·4(N−1)/N"}
