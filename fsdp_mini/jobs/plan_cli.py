@@ -144,37 +144,29 @@ def _checked(args, check_json_path) -> dict:
     if args.json is not None:
         check_json_path(args.json)
     params, model = _model(args)
-    strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
-    return {"params": params, "model": model, "gpus": args.gpus, "gpu_mem_gb": args.gpu_mem,
-            "precision": args.precision, "micro_batch": args.micro_batch,
+    return {"params": params, "model": model, "strategies": args.strategies,
             "seq": args.seq if model is not None and args.layers is None else None,
-            "checkpointing": args.checkpointing, "offload": args.offload,
-            "prefetch": args.prefetch, "shard_size": args.shard_size,
-            "bandwidth_gbs": args.link_bandwidth, "latency_us": args.link_latency,
-            "strategies": strategies, "reduce_dtype": args.reduce_dtype,
-            "reserve_gb": args.reserve_gb, "gpu": args.gpu, "tflops": args.tflops,
-            "efficiency": args.efficiency, "gpus_per_node": args.gpus_per_node,
-            "node_bandwidth_gbs": args.node_bandwidth, "node_latency_us": args.node_latency,
-            "micro_batches": args.micro_batches, "no_sync": args.no_sync,
-            "train_tokens": args.train_tokens, "train_steps": args.train_steps,
-            "price_per_gpu_hour": args.price_per_gpu_hour}
+            **{keyword: getattr(args, dest) for keyword, dest in PASSED.items()}}
 
 
-# plan()'s arguments as the command line spells them, for its errors (longest name first)
-FLAGS = {"price_per_gpu_hour": "--price-per-gpu-hour", "node_bandwidth_gbs": "--node-bandwidth",
-         "node_latency_us": "--node-latency", "gpus_per_node": "--gpus-per-node",
-         "bandwidth_gbs": "--link-bandwidth", "micro_batches": "--micro-batches",
-         "train_tokens": "--train-tokens", "reduce_dtype": "--reduce-dtype",
-         "micro_batch": "--micro-batch", "train_steps": "--train-steps",
-         "gpu_mem_gb": "--gpu-mem", "latency_us": "--link-latency", "reserve_gb": "--reserve-gb",
-         "shard_size": "--shard-size", "efficiency": "--efficiency", "tflops": "--tflops",
-         "gpus": "--gpus"}
+# plan()'s keywords that take an argument as it is, and the argument (its flag: --dest)
+PASSED = {"gpus": "gpus", "gpu_mem_gb": "gpu_mem", "precision": "precision",
+          "micro_batch": "micro_batch", "checkpointing": "checkpointing", "offload": "offload",
+          "prefetch": "prefetch", "shard_size": "shard_size", "bandwidth_gbs": "link_bandwidth",
+          "latency_us": "link_latency", "reduce_dtype": "reduce_dtype", "reserve_gb": "reserve_gb",
+          "gpu": "gpu", "tflops": "tflops", "efficiency": "efficiency",
+          "gpus_per_node": "gpus_per_node", "node_bandwidth_gbs": "node_bandwidth",
+          "node_latency_us": "node_latency", "micro_batches": "micro_batches",
+          "no_sync": "no_sync", "train_tokens": "train_tokens", "train_steps": "train_steps",
+          "price_per_gpu_hour": "price_per_gpu_hour"}
 
 
 def in_flags(message: str) -> str:
-    """An error of plan() with its argument names written as the flags that set them."""
-    for name, flag in FLAGS.items():
-        message = re.sub(rf"(?<![\w-]){name}(?!\w)", flag, message)
+    """An error of plan() with its keywords written as the flags that set them (the longest
+    first: ``gpus_per_node`` before ``gpus``)."""
+    for keyword in sorted(PASSED, key=len, reverse=True):
+        flag = "--" + PASSED[keyword].replace("_", "-")
+        message = re.sub(rf"(?<![\w-]){keyword}(?!\w)", flag, message)
     return message
 
 

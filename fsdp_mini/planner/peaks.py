@@ -76,8 +76,9 @@ def memory(name: str, layout: Layout, n: int, group: int, acts: tuple[int, ...],
            offload: bool, reduce_bytes: int, no_sync: bool = False,
            micro_batches: int = 1) -> Memory:
     """The state and the peak of ``name`` on one GPU; ``acts`` are the activations at forward
-    end, backward start, then in the backward of each layer below the last. With ``micro_batches`` > 1 the gradients of the
-    micro-batches before the last one are held through its forward and backward."""
+    end, backward start, then in the backward of each layer below the last. With
+    ``micro_batches`` > 1 the gradients of the micro-batches before the last one are held
+    through its forward and backward."""
     sizes, sharded = layout.sizes, SHARDED[name]
     pieces = layout.pieces(name, n, group)
     padded = sum(pieces)

@@ -35,10 +35,9 @@ gradients, an fp32 master copy and Adam's moments; 2-byte activations and collec
 
 from __future__ import annotations
 
-from functools import partial
-
 import math
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 from ..comm.link import Link
 from ..theory import StateBytes
@@ -163,9 +162,10 @@ def plan(params: float | None = None, *, model: str | ModelShape | None = None, 
                          f"{efficiency!r}")
     node_gbs = device.nvlink_gbs if node_bandwidth_gbs is None else \
         _positive("node_bandwidth_gbs", node_bandwidth_gbs, "GB/s")
-    levels = Levels(Link(node_gbs, _latency("node_latency_us", node_latency_us)),
-                    Link(_positive("bandwidth_gbs", bandwidth_gbs, "GB/s"),
-                         _latency("latency_us", latency_us)), per_node)
+    node_us = _positive("node_latency_us", node_latency_us, "µs", zero_ok=True)
+    across = Link(_positive("bandwidth_gbs", bandwidth_gbs, "GB/s"),
+                  _positive("latency_us", latency_us, "µs", zero_ok=True))
+    levels = Levels(Link(node_gbs, node_us), across, per_node)
     model_tensors = _tensors(shape, params)
     acts = _activations(shape, micro_batch, act_bytes, checkpointing)
     tokens = micro_batch * (shape.seq if shape else SEQ_WITHOUT_SHAPE) * micro_batches
@@ -281,17 +281,11 @@ def _shard_size(shard_size, n: int, per_node: int, hsdp: bool) -> int:
     return s
 
 
-def _positive(name: str, value, unit: str) -> float:
+def _positive(name: str, value, unit: str, zero_ok: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not 0 < value < math.inf:
-        raise ValueError(f"{name} must be a number of {unit} > 0, got {value!r}")
-    return float(value)
-
-
-def _latency(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not 0 <= value < math.inf:
-        raise ValueError(f"{name} must be a number of µs >= 0, got {value!r}")
+            or not (0 <= value if zero_ok else 0 < value) or not value < math.inf:
+        raise ValueError(f"{name} must be a number of {unit} {'>=' if zero_ok else '>'} 0, got "
+                         f"{value!r}")
     return float(value)
 
 
