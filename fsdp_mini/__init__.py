@@ -3,6 +3,7 @@
 Start with ``fsdp/algorithm.py``: FSDP top to bottom, in FSDP2's words. The package is a house
 of floors; each imports only the floors below it:
 
+    arguments      a public function's inputs checked by name (bools are bools, counts whole)
     comm/          collectives (Comm), the ledger of bytes they move, the simulated link, the
                    debug check that ranks issue the same collectives: the ground floor
     memory         memory categories; track_memory (live tensor bytes per rank)
