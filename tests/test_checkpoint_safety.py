@@ -8,6 +8,7 @@ in the kit draws from or moves torch's, Python's or NumPy's generators.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -97,6 +98,16 @@ def test_a_kit_checkpoint_or_an_empty_folder_is_replaced(tmp_path):
             assert torch.equal(v, w), f"{folder}: {k}"
 
 
+@pytest.mark.parametrize("where", ["/proc/ckpt", "/proc/self/ckpt", "/sys/ckpt"])
+def test_a_folder_no_one_can_write_in_is_named_as_given(where):
+    with pytest.raises(CheckpointError) as caught:
+        saved_here(Path(where))
+    message = str(caught.value)
+    assert message.startswith(f"cannot save to {where}: cannot write in its folder "
+                              f"{Path(where).parent}"), message
+    assert ".lock" not in message and "save to a folder you can write to" in message
+
+
 def test_a_symbolic_link_is_refused(tmp_path):
     saved_here(tmp_path / "real")
     (tmp_path / "link").symlink_to(tmp_path / "real")
@@ -160,29 +171,99 @@ def test_a_rank_that_cannot_write_makes_every_rank_raise_and_changes_nothing(tmp
     assert snapshot(tmp_path) == before  # the temporary folder removed, the lock released
 
 
-def test_only_leftovers_of_the_kit_are_removed(tmp_path):
-    saved_here(tmp_path / "ckpt")
-    kit = tmp_path / "ckpt.tmp-0123abcd"  # a save that died: its files only
-    kit.mkdir()
-    (kit / "rank0.pt.part").write_bytes(b"half")
-    dcp = tmp_path / "ckpt.tmp-0456cdef"  # a DCP save that died: its index and a rank's data
-    dcp.mkdir()
-    (dcp / ".metadata").write_bytes(b"index")
-    (dcp / "__1_0.distcp").write_bytes(b"half")
-    users = [tmp_path / "ckpt.tmp-beef", tmp_path / "ckpt.old-cafe", tmp_path / "ckpt.tmp-mine"]
-    for folder in users:
-        folder.mkdir()
-        (folder / "notes.txt").write_text("mine")
+DIE_DURING_SAVE = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import checkpoint_workers as cw
+import fsdp_mini
+where, point, fmt = sys.argv[1:4]
+model, optimizer = cw.build("fsdp", "adamw")
+cw.train_steps(model, optimizer, [0], 0, 1)
+replace = os.replace
+def dying(src, dst):  # the save's own renames; the process dies at the one named
+    dst = str(dst)
+    if (point == "writing" and dst.endswith("rank0.pt")) or \\
+            (point == "sealing" and dst.endswith("metadata.json")):
+        os._exit(3)
+    replace(src, dst)
+    if point == "between renames" and ".old-" in dst:
+        os._exit(3)
+os.replace = dying
+fsdp_mini.save_checkpoint(model, optimizer, where, format=fmt)
+"""
+
+
+def die_during_save(path: Path, point: str, fmt: str = "kit") -> None:
+    """A save to ``path`` in a process that dies at ``point`` of it (exit status 3)."""
+    script = DIE_DURING_SAVE.format(tests=str(Path(__file__).parent))
+    done = subprocess.run([sys.executable, "-c", script, str(path), point, fmt],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+
+
+@pytest.mark.parametrize("point, fmt", [("writing", "kit"), ("sealing", "dcp"),
+                                        ("between renames", "kit")])
+@pytest.mark.parametrize("user_adds_a_file", [False, True])
+def test_only_what_a_save_made_is_removed_whatever_looks_like_it(tmp_path, point, fmt,
+                                                                 user_adds_a_file):
+    ckpt = tmp_path / "ckpt"
+    saved_here(ckpt)
+    shutil.copytree(ckpt, tmp_path / "ckpt.old-1")           # the user's backup (1 is hex)
+    die_during_save(ckpt, point, fmt)
+    left = [p for p in tmp_path.iterdir() if p.is_dir() and re.fullmatch(
+        r"ckpt\.(tmp|old)-[0-9a-f]{16}", p.name)]
+    assert len(left) == (2 if point == "between renames" else 1), left
+    # look-alikes: copies of the real leftovers under names a save could have drawn, or not
+    copies = {f"{p.name[:9]}{n}": p for p in left for n in ("1", "cafe", "0" * 15 + "f", "a" * 16)
+              if not (tmp_path / f"{p.name[:9]}{n}").exists()}
+    for name, source in copies.items():
+        shutil.copytree(source, tmp_path / name)
+    if user_adds_a_file:
+        (left[0] / "notes.txt").write_text("mine")
     (tmp_path / "ckpt.tmp-feed").write_text("a file, not a folder")
-    kept = {p: snapshot(p) for p in users}
-    saved_here(tmp_path / "ckpt", seed=1)
-    assert not kit.exists() and not dcp.exists()
-    assert all(snapshot(p) == s for p, s in kept.items())
-    assert (tmp_path / "ckpt.tmp-feed").read_text() == "a file, not a folder"
+    (tmp_path / "ckpt.old-0000000000000000").write_text("a file with a leftover's name")
+    kept = [p for p in tmp_path.iterdir() if p not in left] + left[:1] * user_adds_a_file
+    before = {p.name: snapshot(p) if p.is_dir() else p.read_bytes() for p in kept
+              if p.name != "ckpt.lock"}
+    saved_here(ckpt, seed=1)
+    gone = left[1:] if user_adds_a_file else left
+    assert not any(p.exists() for p in gone), "a leftover of a save that died was kept"
+    for name, then in before.items():
+        now = tmp_path / name
+        if name != "ckpt":
+            assert (snapshot(now) if now.is_dir() else now.read_bytes()) == then, name
+    assert sorted(os.listdir(ckpt)) == ["metadata.json", "rank0.pt"]   # no mark in a checkpoint
+    assert not (tmp_path / "ckpt.lock").exists()
 
 
-def test_a_lock_file_of_the_users_is_refused_and_kept(tmp_path):
-    (tmp_path / "ckpt.lock").write_text("my lock, my rules")
+def test_a_failed_save_removes_its_own_folder_only(tmp_path, monkeypatch):
+    saved_here(tmp_path / "ckpt")
+    before = snapshot(tmp_path)
+    from fsdp_mini.checkpoint import atomic
+    real = atomic.CheckpointWriter.write_here
+
+    def put_a_file_then_fail(self, name, obj):  # a file of the user's lands in the folder
+        real(self, name, obj)
+        (self.tmp / "notes.txt").write_text("mine")
+        raise OSError("disk full")
+    monkeypatch.setattr(atomic.CheckpointWriter, "write_here", put_a_file_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        saved_here(tmp_path / "ckpt", seed=1)
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("ckpt.tmp-")]
+    assert len(aside) == 1 and (aside[0] / "notes.txt").read_text() == "mine"  # kept: not all ours
+    shutil.rmtree(aside[0])
+    assert snapshot(tmp_path) == before
+    monkeypatch.setattr(atomic.CheckpointWriter, "write_here",
+                        lambda self, name, obj: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        saved_here(tmp_path / "ckpt", seed=1)
+    assert snapshot(tmp_path) == before      # its own folder, unchanged by anyone: removed
+
+
+@pytest.mark.parametrize("content", ["my lock, my rules", "4242", "", "\n", "{}", '{"pid": 7}',
+                                     '{"mark": "another tool", "pid": 7}', "[1, 2]"])
+def test_a_lock_file_of_the_users_is_refused_and_kept(tmp_path, content):
+    (tmp_path / "ckpt.lock").write_text(content)
     before = snapshot(tmp_path)
     with pytest.raises(CheckpointError, match=r"ckpt\.lock exists and is not a lock file of "
                                               r"fsdp_mini"):

@@ -7,6 +7,7 @@ nothing, stays atomic, and bad input gets an error that names what is wrong.
 
 import os
 import warnings
+from pathlib import Path
 
 import dcp_workers as w
 import pytest
@@ -162,12 +163,57 @@ def test_another_optimizer_or_none_saved_is_refused(tmp_path):
     assert fsdp_mini.load_checkpoint(net, None, tmp_path / "model_only")["kind"] == "dcp"
 
 
-def test_a_changed_file_is_caught(tmp_path):
+def flip_a_bit(file: Path, at: int | None = None) -> None:
+    data = bytearray(file.read_bytes())
+    at = len(data) // 2 if at is None else at
+    data[at] ^= 0x01
+    file.write_bytes(bytes(data))
+
+
+def test_a_changed_file_is_caught_and_no_message_advises_disabling_the_check(tmp_path):
     fsdp_mini.save_checkpoint(*trained(), tmp_path / "ckpt", format="dcp")
-    data = tmp_path / "ckpt" / "__0_0.distcp"
-    data.write_bytes(data.read_bytes()[:-1] + b"!")
-    with pytest.raises(CheckpointError, match=r"__0_0\.distcp is missing or changed"):
-        fsdp_mini.load_checkpoint(*tiny(1), tmp_path / "ckpt")
+    flip_a_bit(tmp_path / "ckpt" / "__0_0.distcp")
+    net, opt = tiny(1)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"__0_0\.distcp is missing or changed") as caught:
+        fsdp_mini.load_checkpoint(net, opt, tmp_path / "ckpt")
+    message = str(caught.value)
+    assert "sha256" in message and "nothing was loaded" in message
+    assert "remove" not in message and "as it is now" not in message
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
+    (tmp_path / "ckpt" / "metadata.json").write_text('{"format": "something else"}')
+    with pytest.raises(CheckpointError, match="cannot be checked against it") as caught:
+        fsdp_mini.load_checkpoint(net, opt, tmp_path / "ckpt")
+    assert "move it away" not in str(caught.value) and "remove" not in str(caught.value)
+
+
+def test_a_folder_without_the_kits_metadata_says_it_cannot_be_verified(tmp_path):
+    torch_saves(*trained(), tmp_path / "torchs")
+    with pytest.warns(UserWarning, match=r"torchs has no metadata\.json of fsdp_mini, so its "
+                                         r"contents cannot be verified: torch\.distributed\."
+                                         r"checkpoint keeps no checksums"):
+        meta = fsdp_mini.load_checkpoint(*tiny(1), tmp_path / "torchs")
+    assert meta["verified"] is False and "keeps no checksums" in meta["unverified"]
+    fsdp_mini.save_checkpoint(*trained(), tmp_path / "kits", format="dcp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # the kit's own folder is verified: no warning
+        assert "verified" not in fsdp_mini.load_checkpoint(*tiny(1), tmp_path / "kits")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "emptied", "garbage"])
+def test_a_damaged_dcp_index_is_named_with_its_path(tmp_path, damage):
+    torch_saves(*trained(), tmp_path / "torchs")
+    index = tmp_path / "torchs" / ".metadata"
+    data = index.read_bytes()
+    index.write_bytes({"truncated": data[:len(data) // 2], "emptied": b"",
+                       "garbage": b"not a pickle at all"}[damage])
+    net, opt = tiny(1)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with warnings.catch_warnings(), pytest.raises(CheckpointError) as caught:
+        warnings.simplefilter("ignore")
+        fsdp_mini.load_checkpoint(net, opt, tmp_path / "torchs")
+    assert str(index) in str(caught.value) and "truncated or damaged" in str(caught.value)
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
 
 
 def test_bad_format_arguments(tmp_path):

@@ -24,7 +24,13 @@ random generators: a save changes no random state, and two jobs seeded alike get
 
 A rank that dies before step 4 leaves ``ckpt/`` as it was, and ``ckpt.tmp-<id>/`` behind (the
 next save removes it); renames within one folder are atomic, so a reader sees the old checkpoint
-or the new one, never half of one. Only between the two renames of step 4 is ``ckpt/`` absent for
+or the new one, never half of one.
+
+What a save removes is only what a save made: a folder it created holds a mark of its own
+(``.fsdp_mini-save``, naming that very folder), written before anything else, and a leftover is
+removed only while it holds that mark and nothing but the kit's files. A folder of the user's is
+never taken for a leftover by its name or its files: ``cp -r ckpt ckpt.old-1`` (a copy names
+another folder in its mark, or has none) stays, as does a leftover the user put a file in. Only between the two renames of step 4 is ``ckpt/`` absent for
 an instant (then ``ckpt.old-<id>/`` still holds the old one, and ``read_metadata`` says so).
 """
 
@@ -44,7 +50,9 @@ from ..file_lock import LockHeld, release_lock, take_lock
 from .files import FORMAT, CheckpointError, fingerprint
 
 # Note: the kit's own format and DCP's (its index and one data file per rank and writer thread)
-_KIT_FILE = re.compile(r"((rank\d+|full)\.pt|metadata\.json)(\.part)?|\.metadata|__\d+_\d+\.distcp")
+_KIT_FILE = re.compile(r"((rank\d+|full)\.pt|metadata\.json)(\.part)?|(__\d+)?\.metadata(\.tmp)?|__\d+_\d+\.distcp")
+MARK_FILE = ".fsdp_mini-save"  # in a folder a save made: {"mark": ..., "folder": its own name}
+_MARK = "fsdp_mini checkpoint save"
 
 
 class CheckpointWriter:
@@ -64,7 +72,7 @@ class CheckpointWriter:
         also removes the temporary folder. A rank that died leaves it to the next save."""
         if self.comm.rank == 0:
             if kind is not None and self._settled:
-                shutil.rmtree(self.tmp, ignore_errors=True)
+                remove_if_made_by_a_save(self.tmp)
             self._unlock()
 
     def write(self, name: str, make) -> None:
@@ -110,10 +118,15 @@ class CheckpointWriter:
         if target.parent.exists() and not target.parent.is_dir():
             raise CheckpointError(f"cannot save to {target}: {target.parent} is a file, not a "
                                   f"folder")
-        target.parent.mkdir(parents=True, exist_ok=True)  # missing parent folders are made
         lock = _lock_path(target)
         try:
+            target.parent.mkdir(parents=True, exist_ok=True)  # missing parent folders are made
             self._lock = (lock, take_lock(lock, "checkpoint save"))
+        except OSError as e:
+            given = Path(path)
+            raise CheckpointError(f"cannot save to {os.fspath(path)}: cannot write in its folder "
+                                  f"{given.parent} ({e.strerror or e}); save to a folder you "
+                                  f"can write to") from None
         except LockHeld as held:
             if held.foreign:
                 raise CheckpointError(f"cannot save to {target}: {lock} exists and is not a lock "
@@ -123,7 +136,7 @@ class CheckpointWriter:
         try:
             check_replaceable(target)
             draw = secrets.token_hex(8)  # Note: the OS's randomness, not the user's generators
-            _aside(target, "tmp", draw).mkdir()
+            _make_marked(_aside(target, "tmp", draw))
             _remove_leftovers(target, keep=draw)
         except BaseException:
             self._unlock()
@@ -142,9 +155,11 @@ class CheckpointWriter:
         os.replace(part, self.tmp / "metadata.json")
         old = _aside(self.path, "old", self.id)
         if self.path.exists():
+            _write_mark(self.path, old.name)  # Note: marked before it is moved aside
             os.replace(self.path, old)
         os.replace(self.tmp, self.path)
-        shutil.rmtree(old, ignore_errors=True)
+        (self.path / MARK_FILE).unlink()  # a checkpoint holds what its metadata lists
+        remove_if_made_by_a_save(old)
         self._unlock()
 
     def _unlock(self) -> None:
@@ -220,7 +235,7 @@ def foreign_entries(folder: Path) -> list[str]:
         meta = json.loads((folder / "metadata.json").read_text())
         if isinstance(meta, dict) and meta.get("format") == FORMAT \
                 and isinstance(meta.get("files"), dict):
-            allowed = {"metadata.json", *meta["files"]}
+            allowed = {"metadata.json", MARK_FILE, *meta["files"]}
     except (OSError, ValueError):
         pass  # no readable metadata: every entry is someone else's
     return [e + "/" if (folder / e).is_dir() else e for e in entries
@@ -236,17 +251,45 @@ def _lock_path(target: Path) -> Path:
 
 
 def _remove_leftovers(target: Path, keep: str) -> None:
-    """Folders of earlier saves that died (ckpt.tmp-<id>/, ckpt.old-<id>/), and only those:
-    each must hold nothing but the kit's files. Called while holding the lock."""
-    pattern = re.compile(re.escape(target.name) + r"\.(tmp|old)-[0-9a-f]+")
+    """Folders of earlier saves that died (ckpt.tmp-<id>/, ckpt.old-<id>/), and only those: each
+    must still hold its mark and nothing but the kit's files. Called while holding the lock."""
+    pattern = re.compile(re.escape(target.name) + r"\.(tmp|old)-[0-9a-f]{16}")
     for leftover in target.parent.iterdir():
-        if not pattern.fullmatch(leftover.name) or leftover.name.endswith(keep) \
-                or leftover.is_symlink() or not leftover.is_dir():
-            continue
-        kit_only = all(_KIT_FILE.fullmatch(e.name) and e.is_file() and not e.is_symlink()
-                       for e in leftover.iterdir())
-        if kit_only:
-            shutil.rmtree(leftover, ignore_errors=True)
+        if pattern.fullmatch(leftover.name) and not leftover.name.endswith(keep):
+            remove_if_made_by_a_save(leftover)
+
+
+def remove_if_made_by_a_save(folder: Path) -> bool:
+    """Remove ``folder`` if a save made it: it holds the mark naming it, and only the kit's
+    files. Anything else (a copy, a folder holding a file of the user's) stays."""
+    if folder.is_symlink() or not folder.is_dir() or not _marked(folder):
+        return False
+    if not all(e.is_file() and not e.is_symlink() and (e.name == MARK_FILE
+                                                      or _KIT_FILE.fullmatch(e.name))
+               for e in folder.iterdir()):
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
+
+
+def _make_marked(folder: Path) -> None:
+    """A new folder (never an existing one) holding the mark that names it."""
+    folder.mkdir()
+    _write_mark(folder, folder.name)
+
+
+def _write_mark(folder: Path, name: str) -> None:
+    part = folder / f"{MARK_FILE}.part"
+    part.write_text(json.dumps({"mark": _MARK, "folder": name}))
+    os.replace(part, folder / MARK_FILE)
+
+
+def _marked(folder: Path) -> bool:
+    try:
+        mark = json.loads((folder / MARK_FILE).read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(mark, dict) and mark.get("mark") == _MARK and mark.get("folder") == folder.name
 
 
 # -- two small agreements between ranks -------------------------------------------------------------

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,7 +38,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ..comm.collectives import Comm
-from .atomic import CheckpointWriter, ranks_that_failed
+from .atomic import MARK_FILE, CheckpointWriter, ranks_that_failed, remove_if_made_by_a_save
 from .dcp_boxes import BoxLoader, BoxSaver, add_boxes
 from .dcp_keys import (MODEL, OPTIM, check_model, check_optimizer, empty_like_saved,
                        keys_of, plan_optimizer, put_optimizer)
@@ -92,11 +91,11 @@ def save_dcp(engine, optimizer, path, optim_params, meta: dict) -> None:
         except CheckpointException as e:
             # Note: DCP raises this on every rank, once every rank is done writing
             if comm.rank == 0:
-                shutil.rmtree(writer.tmp, ignore_errors=True)
+                remove_if_made_by_a_save(writer.tmp)
             raise CheckpointError(f"saving {writer.path}: {_failures(e)}; nothing was "
                                   f"committed, {writer.path} is as it was") from e
-        files = sorted(os.listdir(writer.tmp)) if comm.rank == 0 else []  # Note: rank 0
-        writer.commit(files, {  # alone, who commits: the others would race its renames
+        files = sorted(set(os.listdir(writer.tmp)) - {MARK_FILE}) if comm.rank == 0 else []
+        writer.commit(files, {  # Note: rank 0 alone commits: the others would race its renames
             "kind": "dcp", "world_size": comm.world_size,
             "dcp_keys": {"model": MODEL, "optimizer": OPTIM}, **meta})
 
@@ -139,7 +138,9 @@ def load_dcp(engine, optimizer, path, optim_params, optimizer_class) -> dict:
     the optimizer state's and ``step_from`` says so."""
     path = Path(path)
     kit = _kit_meta(path)
-    index = FileSystemReader(path).read_metadata()
+    if kit is None:
+        warnings.warn(UNVERIFIED.format(path=path), stacklevel=3)
+    index = _read_index(path)
     keys = keys_of(index, engine, path)
     pieces = engine.param_pieces()
     check_model(keys, index, engine, pieces, path)
@@ -181,7 +182,24 @@ def load_dcp(engine, optimizer, path, optim_params, optimizer_class) -> dict:
         "nowhere: the optimizer state has no 'step' (SGD keeps none)"
     return {"kind": "dcp", "format": "torch.distributed.checkpoint", "world_size": None,
             "strategy": None, "step": step,
-            "step_from": f"{found} (no fsdp_mini metadata.json in the folder)"}
+            "step_from": f"{found} (no fsdp_mini metadata.json in the folder)",
+            "verified": False, "unverified": UNVERIFIED.format(path=path)}
+
+
+UNVERIFIED = ("{path} has no metadata.json of fsdp_mini, so its contents cannot be verified: "
+              "torch.distributed.checkpoint keeps no checksums, and damaged bytes in a .distcp "
+              "file load as they are. A folder saved by save_checkpoint(..., format='dcp') "
+              "keeps each file's sha256 and is checked on every load")
+
+
+def _read_index(path: Path):
+    """DCP's ``.metadata`` index, or a CheckpointError naming the file."""
+    try:
+        return FileSystemReader(path).read_metadata()
+    except Exception as e:  # noqa: BLE001  (torch raises whatever unpickling a damaged file does)
+        raise CheckpointError(f"{path / '.metadata'} cannot be read ({type(e).__name__}: {e}): "
+                              f"it is truncated or damaged, so {path} is not a readable DCP "
+                              f"checkpoint; restore it from a copy") from None
 
 
 def _kit_meta(path: Path) -> dict | None:
@@ -192,14 +210,17 @@ def _kit_meta(path: Path) -> dict | None:
     try:
         meta = json.loads(file.read_text())
     except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{file} is corrupt: not valid JSON ({e})") from None
+        raise CheckpointError(f"{file} is corrupt: not valid JSON ({e}); restore it from a "
+                              f"copy, or save the checkpoint again") from None
     if not (isinstance(meta, dict) and meta.get("format") == FORMAT and meta.get("kind") == "dcp"
             and isinstance(meta.get("files"), dict)):
-        raise CheckpointError(f"{file} is not the metadata of a DCP checkpoint of fsdp_mini; "
-                              f"move it away to load {path} as a plain DCP checkpoint")
+        raise CheckpointError(f"{file} is not the metadata of a DCP checkpoint of fsdp_mini, so "
+                              f"{path} cannot be checked against it; restore the kit's "
+                              f"metadata.json from a copy, or save the checkpoint again")
     for name, saved in meta["files"].items():
         if not (path / name).is_file() or fingerprint(path / name) != saved:
             raise CheckpointError(f"{path / name} is missing or changed since fsdp_mini saved "
-                                  f"{path} (re-saved by another job, or damaged?); restore it, "
-                                  f"or remove metadata.json to load the folder as it is now")
+                                  f"{path} (its size or sha256 differs from metadata.json's: "
+                                  f"damaged, or written by another job); nothing was loaded. "
+                                  f"Restore the folder from a copy, or save the checkpoint again")
     return meta
