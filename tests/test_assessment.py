@@ -454,17 +454,23 @@ def test_task4_a_wrong_number_and_a_stub_are_said_plainly(runs, learner):
 
 # -- the grade and the report ---------------------------------------------------------------------
 
-def check(passed: bool, verdict: str | None = None) -> CheckResult:
+def check(passed: bool, verdict: str | None = None, task: str = "1") -> CheckResult:
+    """A verdict as task ``task``'s checker would give it (its name recorded)."""
     result = CheckResult("a task")
     (result.ok if passed else result.wrong)("what the checker saw")
     if verdict:
         result.facts["verdict"] = verdict
+    result.checker = next(t.checker for t in labs.TASKS if t.number == task)
+    result.answer = f"answer-{task}"
     return result
 
 
+def all_checks(passed=(True, True, True, True)) -> dict:
+    return {str(i + 1): check(p, f"verdict {i + 1}", str(i + 1)) for i, p in enumerate(passed)}
+
+
 def grade(tmp_path, passed=(True, True, True, True), **kw):
-    checks = {str(i + 1): check(p, f"verdict {i + 1}") for i, p in enumerate(passed)}
-    return labs.grade_assessment(checks, folder=tmp_path, **kw)
+    return labs.grade_assessment(all_checks(passed), folder=tmp_path, **kw)
 
 
 @pytest.mark.parametrize("passed, total, verdict", [
@@ -480,7 +486,7 @@ def test_the_total_is_the_passed_tasks_points_and_75_pass(learner, tmp_path, pas
 
 def test_the_report_files_hold_the_scores_and_the_checkers_sentences(learner, tmp_path):
     report = grade(tmp_path, (True, False, True, True), attendee="Ada Lovelace")
-    path = tmp_path / "assessment_report_Ada_Lovelace.json"
+    path = tmp_path / (labs.report_stem("Ada Lovelace") + ".json")
     assert report.json_path == str(path)
     data = json.loads(path.read_text())
     assert data["attendee"] == "Ada Lovelace" and data["total"] == 75 and data["passed"] is True
@@ -490,7 +496,7 @@ def test_the_report_files_hold_the_scores_and_the_checkers_sentences(learner, tm
     assert (task2["number"], task2["points"], task2["passed"], task2["message"]) == (
         "2", 0, False, "verdict 2")
     assert task2["lines"] == [{"ok": False, "message": "what the checker saw", "hint": ""}]
-    md = (tmp_path / "assessment_report_Ada_Lovelace.md").read_text()
+    md = (tmp_path / (labs.report_stem("Ada Lovelace") + ".md")).read_text()
     assert "# Assessment report: Ada Lovelace" in md and "**PASS**, 75 of 100 points" in md
     assert "| 2 · faster on the slow link: DDP or FSDP | 0 / 25 | ✘ | verdict 2 |" in md
     assert "not an attendee's work" not in md
@@ -509,13 +515,15 @@ def test_the_name_comes_from_user_when_attendee_is_empty(learner, tmp_path, monk
     monkeypatch.setenv("USER", "grace")
     report = grade(tmp_path, attendee="")
     assert report.attendee == "grace"
-    assert Path(report.json_path).name == "assessment_report_grace.json"
-    assert labs.report_stem("../../etc/x y") == "assessment_report_etc_x_y"   # stays in the folder
+    assert Path(report.json_path).name == labs.report_stem("grace") + ".json"
+    assert labs.report_stem("grace").startswith("assessment_report_grace-")
+    assert labs.report_stem("../../etc/x y").startswith("assessment_report_etc_x_y-")  # stays in
+    assert "/" not in labs.report_stem("../../etc/x y")                              # the folder
 
 
 def test_the_report_goes_next_to_the_notebook(learner, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)   # Note: a kernel runs in the notebook's folder
-    report = labs.grade_assessment({str(i): check(True) for i in range(1, 5)}, attendee="Ada")
+    report = labs.grade_assessment(all_checks(), attendee="Ada")
     assert Path(report.json_path).parent == tmp_path and Path(report.md_path).is_file()
     assert oct(Path(report.json_path).stat().st_mode & 0o777) == "0o644"   # readable by others
 
@@ -524,7 +532,7 @@ def test_a_report_of_the_reference_solutions_is_marked_and_kept_apart(monkeypatc
     monkeypatch.setenv("CI", "true")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    report = labs.grade_assessment({str(i): check(True) for i in range(1, 5)}, attendee="Ada")
+    report = labs.grade_assessment(all_checks(), attendee="Ada")
     assert report.reference_solutions and Path(report.json_path).parent == tmp_path / "tmp" / \
         "fsdp-mini-assessment"
     assert not list(tmp_path.glob("assessment_report_*"))      # nothing beside the notebook
@@ -544,9 +552,117 @@ def test_a_report_is_replaced_whole_or_not_at_all(learner, tmp_path, monkeypatch
     with pytest.raises(OSError, match="disk full"):
         grade(tmp_path, (False, False, False, False), attendee="Ada")
     assert Path(first.json_path).read_text() == after_ok != before    # the old file, whole
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["assessment_report_Ada.json",
-                                                         "assessment_report_Ada.md"]  # no temp
+    stem = labs.report_stem("Ada")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [stem + ".json", stem + ".md"]  # no temp
 
+
+
+# -- a grade is bound to its task, its attendee and its answer -----------------------------------
+
+def test_a_verdict_of_another_tasks_checker_is_refused(learner, tmp_path):
+    first = check(True, task="1")
+    with pytest.raises(ValueError, match=r"checks\['2'\] is the verdict of check_choose_config, "
+                                         r"not of check_faster_on_link"):
+        labs.grade_assessment({n: first for n in "1234"}, attendee="Ada", folder=tmp_path)
+    for number in "234":   # task 1's verdict put under any other task
+        with pytest.raises(ValueError, match=f"not of {labs.TASKS[int(number) - 1].checker}"):
+            labs.grade_assessment({"1": check(True, task="1"), number: check(True, task="1")},
+                                  attendee="Ada", folder=tmp_path)
+    unbound = CheckResult("made by hand").ok("fine")
+    with pytest.raises(ValueError, match="a verdict no checker of the assessment gave"):
+        labs.grade_assessment({"3": unbound}, attendee="Ada", folder=tmp_path)
+    same = check(True, task="2")
+    with pytest.raises(ValueError, match="not of check_choose_config"):
+        labs.grade_assessment({"1": same, "2": same}, attendee="Ada", folder=tmp_path)
+    assert not list(tmp_path.iterdir())   # nothing graded, nothing written
+
+
+def test_the_real_checkers_name_themselves_and_the_answer(learner, tmp_path):
+    def choose_config(shape, gpus, gpu_mem_gb, micro_batch, headroom):
+        return None
+    verdict = labs.check_choose_config(choose_config)
+    assert verdict.checker == "check_choose_config" and len(verdict.answer) == 16
+    def choose_config(shape, gpus, gpu_mem_gb, micro_batch, headroom):  # noqa: F811
+        return {"strategy": "fsdp", "precision": "fp32", "checkpointing": False}
+    other = labs.check_choose_config(choose_config)
+    assert other.answer != verdict.answer      # another answer, another digest
+    report = labs.grade_assessment({"1": verdict}, attendee="Ada", folder=tmp_path)
+    saved = json.loads(Path(report.json_path).read_text())["tasks"][0]
+    assert (saved["checker"], saved["answer"]) == ("check_choose_config", verdict.answer)
+    with pytest.raises(ValueError, match="check_choose_config, not of check_bytes_per_step"):
+        labs.grade_assessment({"4": verdict}, attendee="Ada", folder=tmp_path)
+
+
+def test_the_seal_changes_with_what_the_report_says(learner, tmp_path):
+    report = grade(tmp_path, attendee="Ada")
+    data = json.loads(Path(report.json_path).read_text())
+    assert data["seal"] == report.seal == labs.seal_of(report) and len(report.seal) == 64
+    report.attendee = "Bob"
+    assert labs.seal_of(report) != data["seal"]
+    report.attendee, report.tasks[2].answer = "Ada", "another"
+    assert labs.seal_of(report) != data["seal"]
+
+
+@pytest.mark.parametrize("first, second", [("山田太郎", "佐藤花子"), ("Ada Lovelace", "Ada_Lovelace"),
+                                           ("José", "Jose"), ("Łukasz", "Lukasz"),
+                                           ("a/b", "a_b"), ("ＡＢ", "AB")])
+def test_two_attendees_never_share_a_report(learner, tmp_path, first, second):
+    one = grade(tmp_path, (True, True, True, True), attendee=first)
+    two = grade(tmp_path, (False, False, False, False), attendee=second)
+    assert one.json_path != two.json_path and one.md_path != two.md_path
+    assert json.loads(Path(one.json_path).read_text())["attendee"] == first
+    assert json.loads(Path(two.json_path).read_text())["attendee"] == second
+    assert Path(one.json_path).parent == Path(two.json_path).parent == tmp_path
+    assert len(list(tmp_path.glob("*.json"))) == 2
+
+
+def test_non_latin_names_are_kept_in_the_file_name(learner, tmp_path):
+    report = grade(tmp_path, attendee="山田太郎")
+    assert "山田太郎" in Path(report.json_path).name
+    assert "# Assessment report: 山田太郎" in Path(report.md_path).read_text(encoding="utf-8")
+
+
+def test_another_attendees_report_is_never_replaced(learner, tmp_path, monkeypatch):
+    ada = grade(tmp_path, attendee="Ada")
+    before = Path(ada.json_path).read_text()
+    monkeypatch.setattr(assessment, "report_stem", lambda name: "assessment_report_shared")
+    shared = grade(tmp_path, attendee="Ada")                       # its own: replaced
+    with pytest.raises(FileExistsError, match="is not 'Grace'.s report .*the report of 'Ada'"):
+        grade(tmp_path, attendee="Grace")
+    assert json.loads(Path(shared.json_path).read_text())["attendee"] == "Ada"
+    Path(shared.json_path).write_text("not json")                    # not a report at all
+    with pytest.raises(FileExistsError, match="kept as it is"):
+        grade(tmp_path, attendee="Ada")
+    assert Path(ada.json_path).read_text() == before
+
+
+@pytest.mark.parametrize("checks, error, words", [
+    ("1234", TypeError, r"must be a dict of each task's check"),
+    (None, TypeError, r"must be a dict of each task's check, .* got None"),
+    ([("1", None)], TypeError, r"must be a dict"),
+    ({"1": None}, TypeError, r"checks\['1'\] must be what labs.check_choose_config"),
+    ({"2": "passed"}, TypeError, r"checks\['2'\] must be .* got 'passed' \(a str\)"),
+    ({"3": True}, TypeError, r"checks\['3'\] must be"),
+    ({1: None}, ValueError, r"no task 1; the tasks are '1', '2', '3', '4' \(strings\)"),
+    ({"5": None}, ValueError, r"no task '5'")])
+def test_what_is_not_a_dict_of_verdicts_is_refused_by_name(learner, tmp_path, checks, error, words):
+    with pytest.raises(error, match=words):
+        labs.grade_assessment(checks, attendee="Ada", folder=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("attendee, error", [(42, TypeError), (["Ada"], TypeError),
+                                             (b"Ada", TypeError), ("Ada\tB", ValueError),
+                                             ("Ada\x00", ValueError), ("Ada\nBob", ValueError)])
+def test_an_attendee_that_is_not_a_name_is_refused(learner, tmp_path, attendee, error):
+    with pytest.raises(error, match="grade_assessment\\(attendee\\)"):
+        grade(tmp_path, attendee=attendee)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_folder_that_is_not_a_path_is_refused(learner, tmp_path):
+    with pytest.raises(TypeError, match=r"grade_assessment\(folder\) must be a folder's path"):
+        labs.grade_assessment(all_checks(), attendee="Ada", folder=42)
 
 # -- the notebook ---------------------------------------------------------------------------------
 

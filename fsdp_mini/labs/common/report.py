@@ -8,11 +8,20 @@
 
 In the kit's CI (``CI=true``) a failed check raises, so a lab whose reference solution stops
 passing its checker fails the build.
+
+A verdict says what gave it: a checker marked ``@verdict_of_check`` records its own name
+(``result.checker``) and a digest of the answer it checked (``result.answer``), so that a grade
+can be bound to the task and the answer that produced it (the assessment refuses a verdict of
+another task's checker).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import html
+import inspect
+import marshal
 from dataclasses import dataclass, field
 
 from .config import in_ci
@@ -27,6 +36,8 @@ class CheckResult:
     what: str
     lines: list[tuple[bool, str, str]] = field(default_factory=list)  # (ok, message, hint)
     facts: dict = field(default_factory=dict)  # figures measured while checking, for the lab
+    checker: str = ""  # the checker that gave this verdict ("check_choose_config")
+    answer: str = ""   # a digest of the answer it checked (answer_digest)
 
     def ok(self, message: str) -> "CheckResult":
         self.lines.append((True, message, ""))
@@ -75,3 +86,35 @@ class CheckResult:
         verdict = "all checks passed" if self.passed else "not yet right"
         return (f'<div style="font-family:system-ui,sans-serif"><b style="color:{color}">'
                 f'{"✔" if self.passed else "✘"} {html.escape(self.what)}: {verdict}</b>{rows}</div>')
+
+
+def verdict_of_check(check):
+    """Mark a checker ``check(answer, ...)``: its CheckResult then names the checker and holds
+    the digest of ``answer`` as it was when checked."""
+    @functools.wraps(check)
+    def run(answer, *args, **kwargs):
+        digest = answer_digest(answer)
+        result = check(answer, *args, **kwargs)
+        result.checker, result.answer = check.__name__, digest
+        return result
+    return run
+
+
+def answer_digest(obj) -> str:
+    """16 hex digits that change when the code of ``obj`` (a function or class) changes."""
+    try:
+        text = inspect.getsource(obj).encode()
+    except (OSError, TypeError):
+        text = _compiled(obj)
+    return hashlib.sha256(text).hexdigest()[:16]
+
+
+def _compiled(obj) -> bytes:
+    """What ``obj`` runs, where its source cannot be read: its code, or its methods' code."""
+    code = getattr(obj, "__code__", None)
+    if code is not None:
+        return marshal.dumps(code)
+    if isinstance(obj, type):
+        return b"".join(name.encode() + _compiled(v) for name, v in sorted(vars(obj).items())
+                        if callable(v) and hasattr(v, "__code__"))
+    return repr(obj).encode()

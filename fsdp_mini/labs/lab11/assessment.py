@@ -6,7 +6,7 @@ instructor collects::
     report = labs.grade_assessment({"1": check_1, "2": check_2, "3": check_3, "4": check_4},
                                    attendee="Ada")
     report.total, report.passed                       # (100, True)
-    report.json_path                                  # .../assessment_report_Ada.json (and .md)
+    report.json_path                                  # .../assessment_report_Ada-<8 hex>.json (and .md)
 
 A task scores its points when its check passes, none otherwise; ``PASS_MARK`` of 100 passes.
 The checkers are in ``fit.py`` (task 1), ``link.py`` (2), ``train.py`` (3) and ``bytes.py``
@@ -19,11 +19,14 @@ nobody's work.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import html
 import json
 import os
 import re
 import tempfile
+import unicodedata
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,6 +34,7 @@ from pathlib import Path
 from ...comm.link import Link
 from ...models import GPTConfig, make_model
 from ..common.exercise import use_solutions
+from ..common.report import CheckResult
 from .bytes import *  # noqa: F401,F403
 from .bytes import __all__ as _BYTES
 from .fit import *  # noqa: F401,F403
@@ -54,12 +58,17 @@ class Task:
     title: str
     exercise: str
     points: int
+    checker: str   # the checker whose verdict scores it
 
 
-TASKS = (Task("1", "a configuration that fits, with headroom", "11_choose_config", 25),
-         Task("2", "faster on the slow link: DDP or FSDP", "11_faster_on_link", 25),
-         Task("3", "the training function trains like one process", "11_fix_training", 25),
-         Task("4", "the bytes per step the configuration sends", "11_bytes_per_step", 25))
+TASKS = (Task("1", "a configuration that fits, with headroom", "11_choose_config", 25,
+              "check_choose_config"),
+         Task("2", "faster on the slow link: DDP or FSDP", "11_faster_on_link", 25,
+              "check_faster_on_link"),
+         Task("3", "the training function trains like one process", "11_fix_training", 25,
+              "check_job_training"),
+         Task("4", "the bytes per step the configuration sends", "11_bytes_per_step", 25,
+              "check_bytes_per_step"))
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,8 @@ class TaskScore:
     passed: bool
     message: str                 # one sentence: what is right, or the mistake named
     lines: list = field(default_factory=list)  # every line of the check: ok, message, hint
+    checker: str = ""            # the checker that gave the verdict
+    answer: str = ""             # the digest of the answer it checked (answer_digest)
 
 
 @dataclass
@@ -117,6 +128,7 @@ class AssessmentReport:
     reference_solutions: bool
     json_path: str = ""
     md_path: str = ""
+    seal: str = ""   # sha256 of the attendee, the date and the tasks (see seal_of)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -167,25 +179,72 @@ def _score(task: Task, check) -> TaskScore:
     said = check.facts.get("verdict") or (wrong[0] if wrong else "all checks passed")
     lines = [{"ok": ok, "message": msg, "hint": hint} for ok, msg, hint in check.lines]
     return TaskScore(task.number, task.title, task.points if check.passed else 0, task.points,
-                     check.passed, said, lines)
+                     check.passed, said, lines, check.checker, check.answer)
+
+
+def _checked(checks) -> dict:
+    """``checks`` as {task number: CheckResult}, each the verdict of that task's own checker on
+    one answer; a clear error for anything else (a verdict is never taken for another's)."""
+    if not isinstance(checks, Mapping):
+        raise TypeError(f"grade_assessment(checks) must be a dict of each task's check, e.g. "
+                        f'{{"1": check_1, "2": check_2, "3": check_3, "4": check_4}}, got '
+                        f"{checks!r} (a {type(checks).__name__})")
+    numbers = [t.number for t in TASKS]
+    for key in checks:
+        if key not in numbers:
+            raise ValueError(f"grade_assessment(checks): no task {key!r}; the tasks are "
+                             f"{', '.join(map(repr, numbers))} (strings)")
+    for task in TASKS:
+        if task.number not in checks:
+            continue
+        check = checks[task.number]
+        name = f"checks[{task.number!r}]"
+        if not isinstance(check, CheckResult):
+            raise TypeError(f"{name} must be what labs.{task.checker}(...) returned (a "
+                            f"CheckResult), got {check!r} (a {type(check).__name__}); run task "
+                            f"{task.number}'s check cell, or leave the task out (it scores 0)")
+        if check.checker != task.checker:
+            given = f"the verdict of {check.checker}" if check.checker else \
+                "a verdict no checker of the assessment gave"
+            raise ValueError(f"{name} is {given}, not of {task.checker}: task {task.number} is "
+                             f"graded by its own check (check_{task.number} = "
+                             f"labs.{task.checker}(...))")
+    return dict(checks)
 
 
 def attendee_name(attendee: str | None = None) -> str:
-    """``attendee`` if given, else ``$USER`` (or ``$USERNAME``), else "attendee"."""
-    for name in (attendee, os.environ.get("USER"), os.environ.get("USERNAME")):
+    """``attendee`` if given (not blank), else ``$USER`` (or ``$USERNAME``), else "attendee"."""
+    if attendee is not None:
+        if not isinstance(attendee, str):
+            raise TypeError(f"grade_assessment(attendee) must be the attendee's name, a str, got "
+                            f"{attendee!r} (a {type(attendee).__name__})")
+        if attendee.strip() and not attendee.isprintable():
+            raise ValueError(f"grade_assessment(attendee) must be a name that can be read, got "
+                             f"{attendee!r}")
+    if attendee and attendee.strip():
+        return unicodedata.normalize("NFC", attendee.strip())
+    for name in (os.environ.get("USER"), os.environ.get("USERNAME")):
         if name and name.strip():
             return name.strip()
     return "attendee"
 
 
 def report_stem(attendee: str) -> str:
-    """The files' name: ``assessment_report_<name>``, the name kept to letters, digits, ``.-_``.
+    """The files' name: the name in letters of any script, digits and ``.-_``, then 8 hex digits
+    of the exact name, so that two attendees never share a report.
 
-    >>> report_stem("Ada Lovelace")
-    'assessment_report_Ada_Lovelace'
+    >>> report_stem("Ada Lovelace"), report_stem("山田太郎")
+    ('assessment_report_Ada_Lovelace-76740216', 'assessment_report_山田太郎-6b0e1c8c')
     """
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", attendee).strip("._") or "attendee"
-    return f"assessment_report_{safe}"
+    safe = re.sub(r"[^\w.-]+", "_", attendee).strip("._")[:48] or "attendee"
+    return f"assessment_report_{safe}-{hashlib.sha256(attendee.encode()).hexdigest()[:8]}"
+
+
+def seal_of(report: "AssessmentReport") -> str:
+    """sha256 of what a report states (attendee, date, each task's score, check and answer): a
+    report edited by hand, or one task's row moved into another's report, no longer matches."""
+    body = {k: v for k, v in report.as_dict().items() if k not in ("seal", "json_path", "md_path")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -206,18 +265,22 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def grade_assessment(checks: dict, attendee: str | None = None, folder=None) -> AssessmentReport:
-    """Score each task's check (``{"1": CheckResult, ...}``), write the report (JSON and
-    Markdown) into ``folder`` (default: next to the notebook; a temporary folder when the
-    reference solutions ran), and return it."""
-    unknown = set(checks) - {t.number for t in TASKS}
-    if unknown:
-        raise ValueError(f"no task {sorted(unknown)}: the tasks are {[t.number for t in TASKS]}")
+    """Score each task's check (``{"1": check_1, ...}``: what ``labs.check_choose_config`` and
+    the others returned), write the report (JSON and Markdown) into ``folder`` (default: next to
+    the notebook; a temporary folder when the reference solutions ran), and return it. A verdict
+    of another task's checker is refused; a report of another attendee is never replaced."""
+    checks = _checked(checks)
+    name = attendee_name(attendee)
+    if folder is not None and not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"grade_assessment(folder) must be a folder's path (str or Path) or "
+                        f"None, got {folder!r} (a {type(folder).__name__})")
     reference = use_solutions()
     tasks = [_score(t, checks.get(t.number)) for t in TASKS]
     total = sum(t.points for t in tasks)
-    report = AssessmentReport(attendee_name(attendee), datetime.now(timezone.utc).isoformat(
+    report = AssessmentReport(name, datetime.now(timezone.utc).isoformat(
         timespec="seconds"), tasks, total, sum(t.points for t in TASKS), PASS_MARK,
         total >= PASS_MARK, reference)
+    report.seal = seal_of(report)
     if folder is None:
         folder = (Path(tempfile.gettempdir()) / "fsdp-mini-assessment" if reference
                   else Path.cwd())
@@ -225,12 +288,27 @@ def grade_assessment(checks: dict, attendee: str | None = None, folder=None) -> 
     folder.mkdir(parents=True, exist_ok=True)
     stem = folder / report_stem(report.attendee)
     report.json_path, report.md_path = str(stem) + ".json", str(stem) + ".md"
+    _refuse_another_attendees(Path(report.json_path), report.attendee)
     write_atomically(Path(report.json_path), json.dumps(report.as_dict(), indent=2,
                                                         ensure_ascii=False) + "\n")
     write_atomically(Path(report.md_path), report.markdown())
     return report
 
 
+def _refuse_another_attendees(path: Path, attendee: str) -> None:
+    """A report already at ``path`` must be this attendee's own (graded again), else refused."""
+    if not path.exists():
+        return
+    try:
+        owner = json.loads(path.read_text(encoding="utf-8")).get("attendee")
+    except (OSError, ValueError, AttributeError):
+        owner = None
+    if owner != attendee:
+        raise FileExistsError(f"{path} exists and is not {attendee!r}'s report"
+                              f"{f' (it is the report of {owner!r})' if owner else ''}; it is kept "
+                              f"as it is. Grade into another folder (folder=...)")
+
+
 __all__ = (["JOB", "Job", "PASS_MARK", "TASKS", "AssessmentReport", "TaskScore", "Task",
-            "attendee_name", "grade_assessment", "report_stem", "write_atomically"]
+            "attendee_name", "grade_assessment", "report_stem", "seal_of", "write_atomically"]
            + _FIT + _LINK + _TRAIN + _BYTES + _RUNS)

@@ -28,7 +28,7 @@ from ...planner.plan import plan
 from ...planner.shapes import ModelShape
 from ..common.exercise import not_written_yet
 from ..common.configurations import describe, reduce_dtype_of
-from ..common.report import CheckResult
+from ..common.report import CheckResult, verdict_of_check
 from .fit import JOB_BUDGET
 from .runs import JOB_GPT
 
@@ -133,6 +133,7 @@ def _near(got, want) -> bool:
     return _number(got) and math.isclose(got, want, rel_tol=TOL)
 
 
+@verdict_of_check
 def check_bytes_per_step(fn, runs: dict, world_size: int, shape: ModelShape | None = None,
                          gpus: int | None = None) -> CheckResult:
     """Check ``fn(config, units, world_size)`` against each run's ledger (``runs`` from

@@ -20,7 +20,7 @@ from ...planner.shapes import PRESETS, ModelShape
 from ..common.configurations import (PRECISIONS, STRATEGIES, describe, reduce_dtype_of,
                                      what_is_invalid)
 from ..common.exercise import not_written_yet
-from ..common.report import CheckResult
+from ..common.report import CheckResult, verdict_of_check
 
 __all__ = ["FIT_BUDGETS", "FitBudget", "JOB_BUDGET", "JOB_SHAPE", "check_choose_config",
            "planned"]
@@ -182,6 +182,7 @@ def _judge(result: CheckResult, budget: FitBudget, plans: dict, answer, want) ->
                         f"; one that fits sends {w.sent_bytes_per_step / 1e9:.1f} GB"))
 
 
+@verdict_of_check
 def check_choose_config(fn, budgets=FIT_BUDGETS) -> CheckResult:
     """Check ``fn(model, gpus, gpu_mem_gb, micro_batch, headroom)`` on ``budgets``: the cheapest
     configuration among ddp/zero1/zero2/fsdp x fp32/bf16-mixed x checkpointing whose planned

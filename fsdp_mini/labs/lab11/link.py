@@ -21,7 +21,7 @@ import math
 from ...comm.ledger import ring_bytes
 from ...comm.link import Link, latency_steps
 from ..common.exercise import not_written_yet
-from ..common.report import CheckResult
+from ..common.report import CheckResult, verdict_of_check
 
 __all__ = ["JOB_LINK", "LINK_CASES", "check_faster_on_link", "link_model"]
 
@@ -139,6 +139,7 @@ def _says(answer: dict, names) -> str:
     return f"{times}: {answer['faster'].upper()} is faster"
 
 
+@verdict_of_check
 def check_faster_on_link(fn, runs: dict, world_size: int) -> CheckResult:
     """Check ``fn(runs, world_size, bandwidth_gbs, latency_us)`` against :func:`link_model` on
     the job's link and three others, for ``runs`` as measured and on 8 ranks; a set of answers

@@ -26,7 +26,7 @@ from torch import nn
 from ...launcher import LaunchError, LaunchTimeoutError, launch
 from ..common.checking import rank_lines, relative_difference
 from ..common.exercise import not_written_yet
-from ..common.report import CheckResult
+from ..common.report import CheckResult, verdict_of_check
 
 __all__ = ["JOB_MAX_NORM", "JOB_MICRO_BATCHES", "JOB_ROWS", "JOB_STEPS", "check_job_training",
            "job_batch", "job_net", "job_one_process", "job_replay", "job_sgd"]
@@ -200,6 +200,7 @@ def _name_mistakes(result: CheckResult, got: dict, world_size: int, error: float
     result.facts["verdict"] = "the ranks do not train like one process"
 
 
+@verdict_of_check
 def check_job_training(fn, world_size: int = 2) -> CheckResult:
     """Does ``fn(rank, world_size, steps)`` on ``world_size`` ranks (2 or 4) train like one
     process? ✔/✘: it finishes, the ranks agree, and parity; a mistake is named."""
