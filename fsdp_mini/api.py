@@ -28,6 +28,7 @@ from numbers import Real
 import torch
 from torch import nn
 
+from .arguments import count, flag
 from .comm.collectives import Comm, Ledger
 from .fsdp.algorithm import FSDP
 from .fsdp.meta_init import MetaInit, check_meta_init, has_meta
@@ -91,6 +92,8 @@ def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.
     is_class = isinstance(strategy, type) and issubclass(strategy, Strategy)
     cls = strategy if is_class else get_strategy(strategy)
     _check_arguments(module, cls, optimizer, options)
+    _check_plumbing(ledger=ledger, recorder=recorder, check_collectives=check_collectives,
+                    device=device)
     check_meta_init(module, param_init_fn, device)
     comm = Comm(process_group, ledger, check_collectives=check_collectives, link=link)
     if has_meta(module):
@@ -108,6 +111,9 @@ def parallelize(module: nn.Module, strategy: str, optimizer=partial(torch.optim.
 def full_state_dict(model: nn.Module) -> "OrderedDict[str, torch.Tensor]":
     """The full, unsharded tensors under the original module's ``state_dict()`` keys, on every
     rank. Collective under fsdp: every rank must call it."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"full_state_dict(model) must be an nn.Module (parallelized or not), got "
+                        f"{model!r} (a {type(model).__name__})")
     engine = getattr(model, "fsdp_mini", None)
     if engine is None:
         return OrderedDict((k, v.detach().clone()) for k, v in model.state_dict().items())
@@ -185,10 +191,16 @@ def expected_costs(model: nn.Module, optim_bytes: int | None = None) -> dict[str
     """What the formulas of :mod:`fsdp_mini.theory` predict for this parallelized model, with
     its own padding: bytes sent per rank per step, and persistent model-state bytes per rank
     (Adam's two moments per parameter unless ``optim_bytes`` says otherwise)."""
+    if optim_bytes is not None:
+        optim_bytes = count("expected_costs(optim_bytes)", optim_bytes, at_least=0,
+                            unit="optimizer bytes per parameter")
     return _engine_of(model).expected_costs(optim_bytes)
 
 
 def _engine_of(model: nn.Module):
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected the model returned by fsdp_mini.parallelize, got {model!r} "
+                        f"(a {type(model).__name__})")
     engine = getattr(model, "fsdp_mini", None)
     if engine is None:
         raise ValueError("this model was not parallelized: call fsdp_mini.parallelize first")
@@ -239,6 +251,27 @@ def _check_arguments(module, cls, optimizer, options) -> None:
             raise ValueError(f"prefetch must be True, False or how many units to gather ahead "
                              f"(an int >= 0, e.g. prefetch=1); got {ahead!r}")
     _check_optimizer_factory(optimizer)
+
+
+def _check_plumbing(*, ledger, recorder, check_collectives, device) -> None:
+    """parallelize's keyword arguments that are not options of a strategy, checked by name."""
+    flag("parallelize(check_collectives)", check_collectives)
+    if ledger is not None and not isinstance(ledger, Ledger):
+        raise TypeError(f"parallelize(ledger) must be None (a new one) or a fsdp_mini.Ledger, "
+                        f"got {ledger!r} (a {type(ledger).__name__})")
+    if recorder is not None and not callable(getattr(recorder, "mark", None)):
+        raise TypeError(f"parallelize(recorder) must be None or have a mark(label) method (a "
+                        f"memory tracker, a telemetry Recorder), got {recorder!r} (a "
+                        f"{type(recorder).__name__})")
+    if device is not None:
+        if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+            raise TypeError(f"parallelize(device) must be None, a device name such as 'cpu' or "
+                            f"'cuda:0', or a torch.device, got {device!r} (a "
+                            f"{type(device).__name__})")
+        try:
+            torch.device(device)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"parallelize(device) {device!r} is not a device: {e}") from None
 
 
 def _materialize(module, cls, comm, units, param_init_fn, device, options) -> dict:

@@ -31,6 +31,8 @@ import math
 
 import torch
 
+from .arguments import flag, number
+
 
 def clip_grad_norm_(model: torch.nn.Module, max_norm: float, norm_type: float = 2.0,
                     error_if_nonfinite: bool = False) -> torch.Tensor:
@@ -47,6 +49,7 @@ def clip_grad_norm_(model: torch.nn.Module, max_norm: float, norm_type: float = 
         raise ValueError("clip_grad_norm_ takes a model returned by fsdp_mini.parallelize; for a "
                          "plain model use torch.nn.utils.clip_grad_norm_")
     norm_type = _checked_norm(norm_type, max_norm)
+    flag("clip_grad_norm_(error_if_nonfinite)", error_if_nonfinite)
     grads, sharded = engine.grads_for_norm()
     device = grads[0].device if grads else next(model.parameters()).device
     if math.isinf(norm_type):
@@ -74,19 +77,15 @@ def clip_grad_norm_(model: torch.nn.Module, max_norm: float, norm_type: float = 
 
 def _checked_norm(norm_type, max_norm) -> float:
     """``norm_type`` as a float; clear errors for orders that are no norm, and for max_norm."""
-    try:
-        order = float(norm_type)
-    except (TypeError, ValueError):
-        order = math.nan
-    if isinstance(norm_type, bool) or not order > 0:  # Note: also false for nan
-        raise ValueError(f"norm_type must be a number > 0 or float('inf') (2.0 is the usual "
-                         f"Euclidean norm), got {norm_type!r}; order 0 is no norm (torch would "
-                         f"return the count of non-zero elements and scale by it)")
-    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float, torch.Tensor)) \
-            or not float(max_norm) >= 0:
-        raise ValueError(f"max_norm must be a number >= 0 (the largest global norm the "
-                         f"gradients may keep), got {max_norm!r}")
-    return order
+    if isinstance(norm_type, bool) or not isinstance(norm_type, (int, float)) \
+            or not float(norm_type) > 0:  # Note: also false for nan
+        raise ValueError(f"clip_grad_norm_(norm_type) must be a number > 0 or float('inf') (2.0 "
+                         f"is the usual Euclidean norm), got {norm_type!r}; order 0 is no norm "
+                         f"(torch would return the count of non-zero elements and scale by it)")
+    if isinstance(max_norm, torch.Tensor) and max_norm.numel() == 1:
+        max_norm = max_norm.item()
+    number("clip_grad_norm_(max_norm)", max_norm, at_least=0)  # the largest norm kept
+    return float(norm_type)
 
 
 # -- the mistake the kit can see: torch's clip on gradients that are one rank's -------------------

@@ -33,6 +33,9 @@ def register_strategy(cls: type[Strategy]) -> type[Strategy]:
 
 
 def get_strategy(name: str) -> type[Strategy]:
+    if not isinstance(name, str):
+        raise TypeError(f"strategy must be a strategy's name ({', '.join(_BY_NAME)}) or a "
+                        f"Strategy class, got {name!r} (a {type(name).__name__})")
     if name not in _BY_NAME:
         raise ValueError(f"unknown strategy {name!r}; use one of {', '.join(_BY_NAME)}")
     return _BY_NAME[name]

@@ -127,9 +127,9 @@ def test_rank_lists_in_messages_read_in_rank_order():
 
 def test_flags_are_booleans_and_steps_whole_numbers(tmp_path):
     model, optimizer = fsdp_mini.parallelize(tiny(), "fsdp")
-    with pytest.raises(TypeError, match="sharded must be True .* or False .*got 'no'"):
+    with pytest.raises(TypeError, match=r"save_checkpoint\(sharded\) must be True .* or False .*got 'no'"):
         fsdp_mini.save_checkpoint(model, optimizer, tmp_path / "c", sharded="no")
-    with pytest.raises(ValueError, match="step must be a whole number >= 0 .*got -3"):
+    with pytest.raises(ValueError, match=r"save_checkpoint\(step\) must be a whole number >= 0 .*got -3"):
         fsdp_mini.save_checkpoint(model, optimizer, tmp_path / "c", step=-3)
     assert not (tmp_path / "c").exists()
     with pytest.raises(TypeError, match="writeback must be True .* or False, got 'no'"):

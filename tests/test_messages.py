@@ -54,9 +54,9 @@ def test_compare_with_nccl_and_no_gpu_names_the_missing_gpus_only():
 def test_clip_refuses_orders_that_are_no_norm_before_any_work(norm_type):
     model, _ = fsdp_mini.parallelize(torch.nn.Linear(3, 2), "fsdp")
     model(torch.randn(4, 3)).sum().backward()
-    with pytest.raises(ValueError, match=r"norm_type must be a number > 0 or float\('inf'\)"):
+    with pytest.raises(ValueError, match=r"clip_grad_norm_\(norm_type\) must be a number > 0 or float\('inf'\)"):
         fsdp_mini.clip_grad_norm_(model, 1.0, norm_type=norm_type)
-    with pytest.raises(ValueError, match="max_norm must be a number >= 0"):
+    with pytest.raises(ValueError, match=r"clip_grad_norm_\(max_norm\) must be a number >= 0"):
         fsdp_mini.clip_grad_norm_(model, -1.0)
     assert fsdp_mini.clip_grad_norm_(model, 1.0, norm_type=float("inf")) >= 0  # still fine
 

@@ -29,6 +29,7 @@ one that every rank sees (a shared file system across hosts).
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -55,16 +56,16 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None, p
     while one runs (:mod:`fsdp_mini.checkpoint.atomic`). ``format="dcp"``: the folder that
     ``torch.distributed.checkpoint`` reads, ``{"model": ..., "optim": ...}`` as torch's
     ``get_state_dict`` lays them out (:mod:`fsdp_mini.checkpoint.dcp`); always sharded."""
-    engine = _engine(model)
+    engine = _engine(model, optimizer, path, "save_checkpoint")
     if not isinstance(sharded, bool):
-        raise TypeError(f"sharded must be True (each rank writes its shard) or False (one "
-                        f"full.pt), got {sharded!r}")
+        raise TypeError(f"save_checkpoint(sharded) must be True (each rank writes its shard) or "
+                        f"False (one full.pt), got {sharded!r}")
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-        raise ValueError(f"step must be a whole number >= 0 (the training step saved) or None, "
-                         f"got {step!r}")
-    if format not in ("kit", "dcp"):
-        raise ValueError(f"format={format!r}: say 'kit' (the kit's own files) or 'dcp' (the "
-                         f"folder torch.distributed.checkpoint reads)")
+        raise ValueError(f"save_checkpoint(step) must be a whole number >= 0 (the training step "
+                         f"saved) or None, got {step!r}")
+    if not isinstance(format, str) or format not in ("kit", "dcp"):
+        raise ValueError(f"save_checkpoint(format={format!r}): say 'kit' (the kit's own files) or "
+                         f"'dcp' (the folder torch.distributed.checkpoint reads)")
     if format == "dcp":
         if not sharded:
             raise ValueError("format='dcp' is sharded by nature (each rank writes its chunks); "
@@ -99,7 +100,7 @@ def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None, p
     own chunks).
     Returns the metadata (``step``, ``world_size``, ``strategy``...). A damaged checkpoint or
     one of another model raises :class:`CheckpointError` naming the file and the problem."""
-    engine, path = _engine(model), Path(path)
+    engine, path = _engine(model, optimizer, path, "load_checkpoint"), Path(path)
     if is_dcp_folder(path):  # a DCP folder (the kit's, or a torch job's): no flag needed
         params = _optimizer_params(engine, optimizer) if optimizer is not None else []
         return load_dcp(engine, optimizer, path, params, _optimizer_class(optimizer))
@@ -247,8 +248,19 @@ def _optimizer_class(optimizer) -> str | None:
                 if not issubclass(c, ParallelOptimizer)).__name__
 
 
-def _engine(model: nn.Module):
+def _engine(model: nn.Module, optimizer, path, where: str):
+    """The model's engine, once the three arguments every call takes are checked by name."""
     if not isinstance(model, nn.Module):
-        raise TypeError(f"expected the model (an nn.Module), got a {type(model).__name__}")
+        raise TypeError(f"{where}(model) must be the model (an nn.Module), got {model!r} (a "
+                        f"{type(model).__name__})")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"{where}(optimizer) must be the optimizer (a torch.optim.Optimizer, "
+                        f"e.g. the one parallelize returned) or None for the model alone, got "
+                        f"{optimizer!r} (a {type(optimizer).__name__})")
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise TypeError(f"{where}(path) must be a folder's path, a non-empty str or Path, got "
+                        f"{path!r} (a {type(path).__name__})")
+    if "\x00" in os.fspath(path):
+        raise ValueError(f"{where}(path) holds a NUL character, which no path can: {path!r}")
     engine = getattr(model, "fsdp_mini", None)
     return engine if engine is not None else Single(model, Comm())

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..arguments import flag
 from .check import CollectiveMismatchError, SequenceCheck, all_gather_flat, reduce_scatter_flat
 from .ledger import CollectiveRecord, Ledger, OpTotal, Tag, ring_bytes
 from .link import Link
@@ -79,6 +80,10 @@ class Comm:
         if link is not None and not isinstance(link, Link):
             raise TypeError(f"link must be None or a fsdp_mini.Link(bandwidth_gbs=..., "
                             f"latency_us=...), got {link!r}")
+        flag("Comm(check_collectives)", check_collectives)
+        if ledger is not None and not isinstance(ledger, Ledger):
+            raise TypeError(f"Comm(ledger) must be None (a new one) or a fsdp_mini.Ledger, got "
+                            f"{ledger!r} (a {type(ledger).__name__})")
         self.link = link
         self.ledger = ledger if ledger is not None else Ledger()
         self.name = name  # written in each record: which group a collective ran on

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..arguments import count, flag, number
 from ..comm.ledger import Tag
 
 
@@ -55,13 +56,13 @@ class ShardedGradScaler:
 
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True):
-        if not init_scale > 0 or not growth_factor > 1 or not 0 < backoff_factor < 1:
-            raise ValueError(f"need init_scale > 0, growth_factor > 1 and 0 < backoff_factor < 1; "
-                             f"got {init_scale}, {growth_factor}, {backoff_factor}")
-        if not isinstance(growth_interval, int) or growth_interval < 1:
-            raise ValueError(f"growth_interval must be a positive number of steps, got "
-                             f"{growth_interval!r}")
-        self.enabled = enabled
+        init_scale = number("ShardedGradScaler(init_scale)", init_scale, above=0)
+        growth_factor = number("ShardedGradScaler(growth_factor)", growth_factor, above=1)
+        backoff_factor = number("ShardedGradScaler(backoff_factor)", backoff_factor, above=0,
+                                below=1)
+        growth_interval = count("ShardedGradScaler(growth_interval)", growth_interval,
+                                unit="steps")
+        self.enabled = flag("ShardedGradScaler(enabled)", enabled)
         self._scale, self._growth_tracker = float(init_scale), 0
         self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
         self.growth_interval = growth_interval

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from ...arguments import choice, count, flag, text
 from ...models import GPTConfig
 
 
@@ -61,6 +62,7 @@ def lab_config(**overrides) -> LabConfig:
     if unknown:
         raise TypeError(f"lab_config: unknown field(s) {sorted(unknown)}; fields: "
                         f"{', '.join(LabConfig.__dataclass_fields__)}")
+    _check_overrides(overrides)
     if overrides:
         cfg = replace(cfg, **overrides)
     why = cfg.why
@@ -75,3 +77,21 @@ def lab_config(**overrides) -> LabConfig:
                          f"ranks: pick a multiple of {cfg.world_size}")
     print(f"lab config: {cfg}")
     return cfg
+
+
+def _check_overrides(overrides: dict) -> None:
+    """Each field given to lab_config, by name, before anything is chosen."""
+    for name in ("world_size", "steps", "global_batch", "gpus"):
+        if name in overrides:
+            count(f"lab_config({name})", overrides[name], at_least=0 if name == "gpus" else 1)
+    if "world_size" in overrides and overrides["world_size"] > 64:
+        raise ValueError(f"lab_config(world_size) must be at most 64 (each rank is a process "
+                         f"on this machine), got {overrides['world_size']}")
+    if "backend" in overrides:
+        choice("lab_config(backend)", overrides["backend"], ("gloo", "nccl"))
+    if "model" in overrides:
+        choice("lab_config(model)", overrides["model"], ("tiny", "default"))
+    if "ci" in overrides:
+        flag("lab_config(ci)", overrides["ci"])
+    if "why" in overrides:
+        text("lab_config(why)", overrides["why"], empty_ok=True)
