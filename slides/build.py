@@ -63,12 +63,14 @@ def build(out: Path, size: str = "laptop", compare_json: str | None = None,
           only: list[str] | None = None, make_pdf: bool = True):
     """Measure once, then write every deck; returns ({deck: {"slides": n, "files": [...]}},
     the measurement)."""
-    reveal = ensure_reveal()
     specs = {k: v for k, v in decks().items() if not only or k in only}
     if not specs:
         raise ValueError(f"no deck named {only}; the decks: {', '.join(decks())}")
+    # Note: the report is read and checked first, before npm or a run: a bad file costs nothing
+    report = kit_run.read_report(compare_json) if compare_json is not None else None
+    reveal = ensure_reveal()
     started = time.perf_counter()
-    measured = kit_run.measure(size, compare_json)
+    measured = kit_run.measure(size, compare_json, report)
     print(f"slides: measured in {time.perf_counter() - started:.0f} s "
           f"({measured.numbers['main_job.source']})", flush=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -104,7 +106,8 @@ def main(argv=None) -> int:
                         help="the run behind the figures: laptop (4 ranks, default GPT) or ci")
     parser.add_argument("--compare-json", metavar="PATH",
                         help="take the main job's numbers from this `fsdp-mini compare --json` "
-                             "file (e.g. recorded on a GPU box) instead of running it")
+                             "file (e.g. recorded on a GPU box) instead of running it; a file "
+                             "that is not such a report is refused (one line, exit status 2)")
     parser.add_argument("--no-pdf", action="store_true", help="skip the PDF")
     parser.add_argument("decks", nargs="*", help="only these decks (default: all)")
     args = parser.parse_args(argv)

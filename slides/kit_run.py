@@ -17,7 +17,6 @@ asking for one that no run produced fails the build.
 from __future__ import annotations
 
 import io
-import json
 import tempfile
 from dataclasses import dataclass, field
 
@@ -30,11 +29,13 @@ from fsdp_mini.models import make_model
 from fsdp_mini.telemetry import load_events
 from fsdp_mini.telemetry.units import fmt_bytes
 
+from compare_report import (STRATEGIES, RANK_FIELDS, ReportError, check_report,  # noqa: F401
+                            read_report)
+
 SIZES = {  # what "laptop" and "ci" run (the labs' sizes: 4 ranks of the default GPT, or tiny)
     "laptop": {"world_size": 4, "model": "default", "steps": 8, "global_batch": 8},
     "ci": {"world_size": 2, "model": "tiny", "steps": 4, "global_batch": 4},
 }
-STRATEGIES = ("single", "ddp", "zero1", "zero2", "fsdp")
 
 
 @dataclass
@@ -45,11 +46,15 @@ class Measured:
     report: dict = field(default_factory=dict)               # the main job's report behind them
 
 
-def measure(size: str = "laptop", compare_json: str | None = None) -> Measured:
-    """Run (or read) everything the decks show; see the module docstring."""
+def measure(size: str = "laptop", compare_json: str | None = None,
+            report: dict | None = None) -> Measured:
+    """Run (or read) everything the decks show; see the module docstring. ``report``: the
+    report of ``compare_json`` already read (and checked) by :func:`read_report`."""
     if size not in SIZES:
         raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
-    report = read_report(compare_json) if compare_json else run_compare(SIZES[size])
+    if report is None:
+        report = read_report(compare_json) if compare_json is not None \
+            else run_compare(SIZES[size])
     out = Measured(report=report)
     where = describe(report, compare_json)
     out.numbers.update(report_numbers(report))
@@ -85,22 +90,11 @@ def run_compare(size: dict) -> dict:
     return gather_report(per_rank, size["world_size"], params, None, run_info(config, backend))
 
 
-def read_report(path: str) -> dict:
-    """A report written by ``fsdp-mini compare --json``, checked for what the decks read."""
-    with open(path) as f:
-        report = json.load(f)
-    missing = [s for s in STRATEGIES if s not in report.get("strategies", {})]
-    if missing:
-        raise ValueError(f"{path}: the decks need every strategy of `fsdp-mini compare`; "
-                         f"{', '.join(missing)} missing (record it without --strategies)")
-    return report
-
-
 def describe(report: dict, path: str | None) -> str:
     run = report.get("run") or {}
     what = (f"{report['world_size']} ranks, {run.get('device', '?')}/{run.get('backend', '?')}, "
             f"torch {run.get('torch', '?')}")
-    return f"from {path}: {what}" if path else f"measured at build time: {what}"
+    return f"from {path}: {what}" if path is not None else f"measured at build time: {what}"
 
 
 def report_numbers(report: dict) -> dict[str, str]:
@@ -123,7 +117,7 @@ def report_numbers(report: dict) -> dict[str, str]:
     n["ratio.sent_fsdp_ddp"] = f"{sent['fsdp'] / sent['ddp']:.2f}×"
     n["ratio.sent_zero2_ddp"] = f"{sent['zero2'] / sent['ddp']:.2f}×"
     n["ratio.activations_fsdp_ddp"] = (
-        f"{s['fsdp']['ranks'][0]['peak_by_category']['activations'] / max(1, s['ddp']['ranks'][0]['peak_by_category']['activations']):.2f}×")
+        f"{s['fsdp']['ranks'][0]['peak_by_category'].get('activations', 0) / max(1, s['ddp']['ranks'][0]['peak_by_category'].get('activations', 0)):.2f}×")
     losses = {k: sum(r["final_loss"] for r in s[k]["ranks"]) / len(s[k]["ranks"]) for k in s}
     n["loss.single"] = f"{losses['single']:.4f}"
     n["loss.fsdp"] = f"{losses['fsdp']:.4f}"
