@@ -242,9 +242,9 @@ def _check_arguments(module, cls, optimizer, options) -> None:
         if isinstance(mb, bool) or not isinstance(mb, Real) or not math.isfinite(mb) or mb <= 0:
             raise ValueError(f"bucket_mb must be positive, a number of megabytes such as 25; got "
                              f"{mb!r}")
-    for flag in ("reshard_after_forward", "activation_checkpointing", "offload"):
-        if flag in options and not isinstance(options[flag], bool):
-            raise TypeError(f"{flag} must be True or False, got {options[flag]!r}")
+    for name in ("reshard_after_forward", "activation_checkpointing", "offload"):
+        if name in options:
+            flag(f"parallelize({name})", options[name])
     ahead = options.get("prefetch", 0)
     if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 0:
         if not isinstance(ahead, bool):

@@ -23,7 +23,10 @@ from numbers import Integral, Real
 
 
 def _kind(value) -> str:
-    return "None" if value is None else f"a {type(value).__name__}"
+    if value is None:
+        return "None"
+    kind = type(value).__name__
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
 
 
 def flag(name: str, value) -> bool:
@@ -71,7 +74,9 @@ def count(name: str, value, *, at_least: int = 1, at_most: int | None = None, un
             raise ValueError(f"{name} must be {what}, got {value!r}{meant}")
     n = int(value)
     if n < at_least or (at_most is not None and n > at_most):
-        limits = f">= {at_least}" + (f" and <= {at_most}" if at_most is not None else "")
+        # Note: the upper bound is named only when it was passed (a limit far above any real
+        # value is noise beside a 0)
+        limits = f">= {at_least}" + (f" and <= {at_most}" if n >= at_least else "")
         raise ValueError(f"{name} must be {what} {limits}, got {value!r}")
     return n
 

@@ -1,6 +1,8 @@
 """`fsdp-mini compare`: the table and the JSON report, as a user runs them."""
 
+import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -175,3 +177,141 @@ def test_every_command_explains_itself_with_help(command):
     proc = _run(*command, "--help", timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: fsdp-mini") and not proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------- compare: each flag alone first
+@pytest.mark.parametrize("args, message", [
+    (["--shard-size", "0"], "--shard-size must be a whole number of ranks >= 1, got 0"),
+    (["--shard-size", "-1"], "--shard-size must be a whole number of ranks >= 1, got -1"),
+    (["--shard-size", "2.5"], "--shard-size must be a whole number of ranks, got 2.5"),
+    # Note: the 0 is what is wrong, not the missing hsdp
+    (["--shard-size", "0", "--strategies", "ddp"],
+     "--shard-size must be a whole number of ranks >= 1, got 0"),
+    (["--world-size", "2.5"], "--world-size must be a whole number of ranks, got 2.5"),
+    (["--steps", "4.5"], "--steps must be a whole number of steps, got 4.5"),
+    (["--global-batch", "4.5"], "--global-batch must be a whole number of sequences, got 4.5"),
+])
+def test_compare_checks_each_flags_type_and_range_before_what_they_mean_together(
+        args, message, monkeypatch, capsys):
+    code, out, err, _ = _main_in_process(["--world-size", "2", *args], monkeypatch, capsys)
+    assert (code, out, err) == (2, "", f"fsdp-mini compare: error: {message}\n")
+
+
+@pytest.mark.parametrize("command, args, flag", [
+    ("compare", ["--world-size", "two"], "--world-size"), ("compare", ["--timeout", "x"], "--timeout"),
+    ("compare", ["--model", "big"], "--model"), ("plan", ["--params", "7e9", "--gpus", "x"], "--gpus"),
+    ("plan", ["--params", "7e9", "--checkpointing=False"], "--checkpointing"),
+    ("plan", ["--params", "7e9", "--offload=0"], "--offload"),
+    ("plan", ["--params", "7e9", "--no-sync=None"], "--no-sync"),
+    ("plan", ["--params", "7e9", "--prefetch=True"], "--prefetch")])
+def test_what_argparse_itself_refuses_is_one_line_too(command, args, flag):
+    proc = _run(command, *args, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.startswith(f"fsdp-mini {command}: error: ") and proc.stderr.count("\n") == 1
+    assert flag in proc.stderr
+
+
+def test_compare_config_checks_each_field_before_what_they_mean_together():
+    from fsdp_mini.jobs.compare import CompareConfig
+    with pytest.raises(ValueError, match=r"^shard_size must be an int >= 1 .*got 0"):
+        CompareConfig(strategies=("ddp",), shard_size=0)  # not "hsdp's"
+    with pytest.raises(TypeError, match=r"^shard_size must be an int, got 2.0"):
+        CompareConfig(strategies=("hsdp",), shard_size=2.0)
+    with pytest.raises(ValueError, match=r"^shard_size is hsdp's, but strategies .* no hsdp"):
+        CompareConfig(strategies=("ddp",), shard_size=2)
+    for field, value, error in (("progress", "no", TypeError), ("lr", "1e-3", TypeError),
+                                ("bucket_mb", math.nan, ValueError),
+                                ("model", "big", ValueError),
+                                ("link_latency_us", "5", TypeError)):
+        with pytest.raises(error, match=f"^{field} must be"):
+            CompareConfig(**{field: value})
+    assert CompareConfig(strategies=("hsdp",), shard_size=2).shard_size == 2
+
+
+# ---------------------------------------------------------------- plan: plan() checks, the CLI names the flag
+def _plan_parser():
+    from fsdp_mini.jobs.cli import _parser
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["plan"]
+
+
+def _plan_in_process(args, capsys):
+    from fsdp_mini.jobs.cli import main
+    try:
+        code = main(["plan", *args])
+    except SystemExit as stop:  # argparse's own refusals
+        code = stop.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _base(flag: str) -> list[str]:
+    """What else a flag needs to plan: a model (a shape for the shape's own flags)."""
+    shape = {"--layers": "2", "--hidden": "64", "--heads": "2", "--vocab": "100"}
+    if flag in shape or flag in ("--kv-heads", "--ffn"):
+        return [x for f, v in shape.items() if f != flag for x in (f, v)]
+    return [] if flag == "--params" else ["--model", "7b"]
+
+
+NUMBER_FLAGS = [a.option_strings[0] for a in _plan_parser()._actions
+                if a.type is not None and a.type.__name__ == "number"]
+
+
+def test_the_walk_covers_plans_number_flags():
+    assert {"--params", "--gpus", "--micro-batch", "--efficiency", "--seq", "--layers",
+            "--train-steps", "--price-per-gpu-hour"} <= set(NUMBER_FLAGS)
+
+
+@pytest.mark.parametrize("flag", NUMBER_FLAGS)
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400", "-1", "abc"])
+def test_every_number_flag_of_plan_refuses_a_bad_number_in_one_line_naming_it(flag, value, capsys):
+    code, out, err = _plan_in_process([*_base(flag), f"{flag}={value}"], capsys)
+    assert (code, out) == (2, ""), err
+    assert err.startswith("fsdp-mini plan: error: ") and err.count("\n") == 1, err
+    message = err.split("error: ", 1)[1]
+    assert flag in message and "_" not in message and "plan: " not in message, err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--params", "7.5"],
+     "--params must be a whole number of parameters, got 7.5: did you mean 7.5e9?"),
+    (["--params", "0.5"],
+     "--params must be a whole number of parameters, got 0.5: did you mean 0.5e9?"),
+    (["--params", "1e400"], "--params must be a whole number of parameters, got inf"),
+    (["--params", "nan"], "--params must be a whole number of parameters, got nan"),
+    (["--params", "7e9", "--gpus", "2.5"], "--gpus must be a whole number of GPUs, got 2.5"),
+    (["--params", "7e9", "--micro-batch", "0"], "--micro-batch must be a whole number >= 1, got 0"),
+    (["--model", "7b", "--train-tokens", "2.5"],
+     "--train-tokens must be a whole number of tokens, got 2.5: did you mean 2.5e12?"),
+    (["--model", "7b", "--strategies", "ddp,ddp"],
+     "--strategies names ['ddp'] more than once; name each strategy once"),
+    (["--layers", "2.5", "--hidden", "64", "--heads", "2", "--vocab", "100"],
+     "--layers must be a whole number, got 2.5"),
+    (["--layers", "2", "--hidden", "64", "--heads", "3", "--vocab", "100"],
+     "--hidden 64 is not divisible by --heads 3"),
+])
+def test_plan_flags_are_named_with_what_they_got_and_what_they_want(args, message, capsys):
+    assert _plan_in_process(args, capsys) == (2, "", f"fsdp-mini plan: error: {message}\n")
+
+
+def test_the_plan_command_leaves_the_checks_to_plan_and_names_its_flags(monkeypatch, capsys):
+    import inspect
+
+    import fsdp_mini
+    from fsdp_mini.jobs import plan_cli
+    seen = {}
+
+    def checking_plan(**kwargs):
+        seen.update(kwargs)
+        raise ValueError("plan: gpus_per_node 3 is not gpus 0's nor shard_size's (n_layer)")
+    monkeypatch.setattr(plan_cli, "plan", checking_plan)
+    code, out, err = _plan_in_process(["--model", "7b", "--gpus", "0", "--efficiency", "7"],
+                                      capsys)
+    # Note: the CLI did not refuse --gpus 0 itself: plan() had it, as given
+    assert seen["gpus"] == 0 and seen["efficiency"] == 7
+    assert set(seen) <= set(inspect.signature(fsdp_mini.plan).parameters)
+    assert (code, out) == (2, "")
+    assert err == ("fsdp-mini plan: error: --gpus-per-node 3 is not --gpus 0's nor "
+                   "--shard-size's (--layers)\n")
+    dests = {a.dest for a in _plan_parser()._actions}
+    assert set(plan_cli.FLAGS.values()) | set(plan_cli.SHAPE_FLAGS.values()) <= dests

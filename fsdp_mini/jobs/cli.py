@@ -21,7 +21,8 @@ import tempfile
 import time
 
 from ..api import STRATEGIES
-from .plan_cli import add_plan_parser, plan_command
+from ..arguments import count
+from .plan_cli import add_plan_parser, number, plan_command
 
 
 def _default_world_size() -> int:
@@ -31,30 +32,37 @@ def _default_world_size() -> int:
     return 4
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line too (its usage is what --help prints)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fsdp-mini", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="fsdp-mini", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     cmp = sub.add_parser("compare", help="train the tiny GPT under every strategy, side by side")
-    cmp.add_argument("--world-size", type=int, default=None,
+    cmp.add_argument("--world-size", type=number, default=None,
                      help="ranks to launch (default: GPUs if any, else 4 CPU processes)")
     cmp.add_argument("--strategies", default=None,
                      help=f"comma-separated, from {','.join(STRATEGIES)},hsdp (default: all but "
                           f"hsdp; with --shard-size, hsdp too)")
-    cmp.add_argument("--shard-size", type=int, default=None, metavar="S",
+    cmp.add_argument("--shard-size", type=number, default=None, metavar="S",
                      help="hsdp: ranks per shard group, a divisor of the world size (e.g. GPUs "
                           "per host); adds hsdp to the default strategies")
-    cmp.add_argument("--steps", type=int, default=8, help="training steps per strategy")
-    cmp.add_argument("--global-batch", type=int, default=8,
+    cmp.add_argument("--steps", type=number, default=8, help="training steps per strategy")
+    cmp.add_argument("--global-batch", type=number, default=8,
                      help="sequences per step, split over the ranks (must divide by world size)")
     cmp.add_argument("--model", choices=("default", "tiny"), default="default",
                      help="GPT size: default (~3.2M parameters) or tiny (~28k)")
     cmp.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                      help="default: nccl with one GPU per rank if there are enough, else gloo")
-    cmp.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may hang")
+    cmp.add_argument("--timeout", type=number, default=120.0, help="seconds a collective may hang")
     cmp.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
-    cmp.add_argument("--link-bandwidth", type=float, default=None, metavar="GB_PER_S",
+    cmp.add_argument("--link-bandwidth", type=number, default=None, metavar="GB_PER_S",
                      help="simulate a network of this bandwidth (10⁹ B/s per rank; default: none)")
-    cmp.add_argument("--link-latency", type=float, default=None, metavar="US",
+    cmp.add_argument("--link-latency", type=number, default=None, metavar="US",
                      help="the simulated network's latency per message, in µs (default 0)")
     ren = sub.add_parser("render-labs", help="run the labs and write executed HTML copies")
     ren.add_argument("--out", default="build/labs", help="folder for the HTML files")
@@ -117,37 +125,43 @@ def _check_args(args):
     from ..launcher.inputs import MAX_TIMEOUT_S, MAX_WORLD_SIZE, MIN_TIMEOUT_S, check_launch_args
     from .compare import CompareConfig
 
+    # Note: each flag alone first (its range, then whether it is whole: 2.5 ranks), then what
+    # they mean together
     world_size = args.world_size if args.world_size is not None else _default_world_size()
-    if not 1 <= world_size <= MAX_WORLD_SIZE:
+    if not 1 <= world_size <= MAX_WORLD_SIZE:  # Note: also false for nan
         raise ValueError(f"--world-size must be >= 1 and <= {MAX_WORLD_SIZE} (ranks on this machine), "
                          f"got {world_size}")
+    world_size = count("--world-size", world_size, at_most=MAX_WORLD_SIZE, unit="ranks")
     if not MIN_TIMEOUT_S <= args.timeout <= MAX_TIMEOUT_S:  # Note: also false for nan
         raise ValueError(f"--timeout must be a number of seconds from {MIN_TIMEOUT_S:g} to "
                          f"{MAX_TIMEOUT_S:g}, got {args.timeout:g}")
-    if args.global_batch < 1:
+    if not args.global_batch >= 1:
         raise ValueError(f"--global-batch must be >= 1, got {args.global_batch}")
-    if args.global_batch % world_size:
-        raise ValueError(f"--global-batch {args.global_batch} is not divisible by --world-size "
-                         f"{world_size}; pick a multiple of {world_size}")
-    if args.steps < CompareConfig.warmup + 2:
+    global_batch = count("--global-batch", args.global_batch, unit="sequences")
+    if not args.steps >= CompareConfig.warmup + 2:
         raise ValueError(f"--steps must be at least {CompareConfig.warmup + 2} (warm-up, a timed "
                          f"and a memory-tracked step), got {args.steps}")
+    steps = count("--steps", args.steps, unit="steps")
+    shard_size = None if args.shard_size is None else count("--shard-size", args.shard_size,
+                                                            unit="ranks")
+    _check_link_args(args.link_bandwidth, args.link_latency)
+    if global_batch % world_size:
+        raise ValueError(f"--global-batch {global_batch} is not divisible by --world-size "
+                         f"{world_size}; pick a multiple of {world_size}")
     names = (args.strategies if args.strategies is not None
-             else ",".join(STRATEGIES + (("hsdp",) if args.shard_size else ())))
+             else ",".join(STRATEGIES + (("hsdp",) if shard_size is not None else ())))
     strategies = tuple(s.strip() for s in names.split(",") if s.strip())
-    if args.shard_size is not None and "hsdp" not in strategies:
+    if shard_size is not None and "hsdp" not in strategies:
         raise ValueError(f"--shard-size is hsdp's, but --strategies {names} has no hsdp; add "
                          f"hsdp to --strategies, or leave --shard-size out")
-    if args.shard_size is not None and (args.shard_size < 1 or world_size % args.shard_size):
+    if shard_size is not None and world_size % shard_size:
         raise ValueError(f"--shard-size must divide --world-size {world_size}, got "
-                         f"{args.shard_size}; use one of "
+                         f"{shard_size}; use one of "
                          f"{[d for d in range(1, world_size + 1) if world_size % d == 0]}")
-    _check_link_args(args.link_bandwidth, args.link_latency)
-    config = CompareConfig(strategies=strategies, steps=args.steps, global_batch=args.global_batch,
+    config = CompareConfig(strategies=strategies, steps=steps, global_batch=global_batch,
                            model=args.model, progress=sys.stdout.isatty(),
                            link_bandwidth_gbs=args.link_bandwidth,
-                           link_latency_us=args.link_latency or 0.0,
-                           shard_size=args.shard_size)
+                           link_latency_us=args.link_latency or 0.0, shard_size=shard_size)
     world_size, backend, _, _ = check_launch_args(world_size, args.backend, args.timeout)
     _check_json_path(args.json)
     return world_size, backend, config

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..api import STRATEGIES, expected_costs, parallelize
+from ..arguments import choice, flag, number
 from ..comm.link import Link
 from ..launcher import rank_device
 from ..memory import PERSISTENT
@@ -55,7 +56,8 @@ class CompareConfig:
 
     def __post_init__(self):
         # Note: checked here, not only in the CLI, so a bad config fails in the caller before any
-        # rank starts, whether it came from `fsdp-mini compare` or from Python.
+        # rank starts, whether it came from `fsdp-mini compare` or from Python. Each field alone
+        # first (its type, its range), then what they mean together.
         names = self.strategies
         if not isinstance(names, (tuple, list)) or not all(isinstance(s, str) for s in names):
             raise TypeError(f"strategies must be a tuple of names from {', '.join(STRATEGIES)}, "
@@ -69,13 +71,8 @@ class CompareConfig:
         unknown = [s for s in self.strategies if s not in RUNNABLE]
         if unknown:
             raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(RUNNABLE)}")
-        if "hsdp" in self.strategies and self.shard_size is None:
-            raise ValueError("hsdp needs shard_size (--shard-size S): the ranks that shard the "
-                             "model together, a divisor of the world size")
-        if self.shard_size is not None and (isinstance(self.shard_size, bool) or not isinstance(
-                self.shard_size, int) or self.shard_size < 1):
-            raise ValueError(f"shard_size must be an int >= 1, got {self.shard_size!r}")
-        for name in ("steps", "warmup", "global_batch"):
+        for name in ("steps", "warmup", "global_batch") + (
+                ("shard_size",) if self.shard_size is not None else ()):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, got {value!r}")
@@ -86,8 +83,21 @@ class CompareConfig:
                              f"step and a memory-tracked step), got {self.steps}")
         if self.global_batch < 1:
             raise ValueError(f"global_batch must be >= 1 (sequences per step), got {self.global_batch}")
-        if self.model not in ("default", "tiny"):
-            raise ValueError(f"model must be 'default' or 'tiny', got {self.model!r}")
+        if self.shard_size is not None and self.shard_size < 1:
+            raise ValueError(f"shard_size must be an int >= 1 (ranks per shard group), got "
+                             f"{self.shard_size}")
+        choice("model", self.model, ("default", "tiny"))
+        self.lr = number("lr", self.lr, above=0, example="1e-3")
+        self.bucket_mb = number("bucket_mb", self.bucket_mb, unit="MB", above=0)
+        flag("progress", self.progress)
+        self.link_latency_us = number("link_latency_us", self.link_latency_us, unit="µs",
+                                      at_least=0)
+        if "hsdp" in self.strategies and self.shard_size is None:
+            raise ValueError("hsdp needs shard_size (--shard-size S): the ranks that shard the "
+                             "model together, a divisor of the world size")
+        if self.shard_size is not None and "hsdp" not in self.strategies:
+            raise ValueError(f"shard_size is hsdp's, but strategies {self.strategies} has no "
+                             f"hsdp; add hsdp, or leave shard_size out")
         if self.link_bandwidth_gbs is None and self.link_latency_us != 0:
             raise ValueError("link_latency_us needs link_bandwidth_gbs: a simulated link has both")
         self.link()  # Note: Link checks its own numbers

@@ -16,6 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..arguments import count, number
+from .shapes import MAX_COUNT
+
 
 @dataclass(frozen=True)
 class TrainingCost:
@@ -34,6 +37,15 @@ def training_cost(step_seconds: float, tokens_per_step: int, gpus: int,
     >>> c.steps, round(c.hours, 2), round(c.gpu_hours, 2), round(c.cost, 2)
     (15259, 2.12, 16.95, 33.91)
     """
+    name = "training_cost: {}".format
+    step_seconds = number(name("step_seconds"), step_seconds, unit="seconds", at_least=0)
+    tokens_per_step = count(name("tokens_per_step"), tokens_per_step)
+    gpus = count(name("gpus"), gpus)
+    train_tokens, train_steps, price_per_gpu_hour = check_budget(
+        train_tokens, train_steps, price_per_gpu_hour, caller="training_cost")
+    if train_tokens is None and train_steps is None:
+        raise ValueError("training_cost needs a budget: give train_tokens (e.g. 2e12) or "
+                         "train_steps")
     steps = train_steps if train_steps is not None else math.ceil(train_tokens / tokens_per_step)
     hours = steps * step_seconds / 3600
     gpu_hours = hours * gpus
@@ -41,23 +53,23 @@ def training_cost(step_seconds: float, tokens_per_step: int, gpus: int,
                         None if price_per_gpu_hour is None else gpu_hours * price_per_gpu_hour)
 
 
-def check_budget(train_tokens, train_steps, price_per_gpu_hour) -> None:
-    """Clear errors for a budget that cannot be priced."""
-    if train_tokens is not None and train_steps is not None:
-        raise ValueError("give train_tokens or train_steps (each step is the global batch), "
-                         "not both")
-    if train_tokens is not None and (isinstance(train_tokens, bool) or not isinstance(
-            train_tokens, (int, float)) or not 1 <= train_tokens < math.inf):
-        raise ValueError(f"train_tokens must be a number of tokens >= 1, e.g. 2e12, got "
-                         f"{train_tokens!r}")
-    if train_steps is not None and (isinstance(train_steps, bool)
-                                    or not isinstance(train_steps, int) or train_steps < 1):
-        raise ValueError(f"train_steps must be a whole number >= 1, got {train_steps!r}")
+def check_budget(train_tokens, train_steps, price_per_gpu_hour, *,
+                 caller: str = "check_budget") -> tuple:
+    """(train_tokens, train_steps, price_per_gpu_hour) checked, each None or a number, with
+    clear errors naming ``caller``'s argument for a budget that cannot be priced."""
+    name = f"{caller}: {{}}".format
+    if train_tokens is not None:
+        train_tokens = count(name("train_tokens"), train_tokens, unit="tokens", scale_hint=1e12,
+                             at_most=MAX_COUNT)
+    if train_steps is not None:
+        train_steps = count(name("train_steps"), train_steps, unit="steps", at_most=MAX_COUNT)
     if price_per_gpu_hour is not None:
-        if isinstance(price_per_gpu_hour, bool) or not isinstance(price_per_gpu_hour, (int, float)) \
-                or not 0 <= price_per_gpu_hour < math.inf:
-            raise ValueError(f"price_per_gpu_hour must be a number >= 0 (your price, in your "
-                             f"currency), got {price_per_gpu_hour!r}")
-        if train_tokens is None and train_steps is None:
-            raise ValueError("a price needs a budget to price: give train_tokens (e.g. 2e12) or "
-                             "train_steps too")
+        price_per_gpu_hour = number(name("price_per_gpu_hour"), price_per_gpu_hour, at_least=0,
+                                    example="2.5, your price in your currency")
+    if train_tokens is not None and train_steps is not None:
+        raise ValueError(f"{caller}: give train_tokens or train_steps (each step is the global "
+                         f"batch), not both")
+    if price_per_gpu_hour is not None and train_tokens is None and train_steps is None:
+        raise ValueError(f"{caller}: a price needs a budget to price: give train_tokens (e.g. "
+                         f"2e12) or train_steps too")
+    return train_tokens, train_steps, price_per_gpu_hour

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..arguments import choice, number, text
+
 
 @dataclass(frozen=True)
 class GPU:
@@ -32,9 +34,11 @@ class GPU:
     def tflops(self, precision: str) -> float:
         """Peak FLOP/s for the planner's precision: bf16 tensor cores, or plain fp32 (torch does
         not use TF32 for matmuls by default)."""
+        choice("GPU.tflops: precision", precision, PRECISIONS)
         return (self.bf16_tflops if precision == "bf16-mixed" else self.fp32_tflops) * 1e12
 
 
+PRECISIONS = ("fp32", "bf16-mixed")  # the planner's, each with its peak above
 GPUS = {
     "A100": GPU("A100 SXM 80 GB", 80, 312, 19.5, 300, 24,
                 "NVIDIA A100 datasheet (2021): 312 TFLOPS bf16 dense, 19.5 fp32, NVLink 600 GB/s"),
@@ -93,13 +97,16 @@ def default_reserve_gb(gpu_mem_gb: float) -> float:
     >>> default_reserve_gb(80), default_reserve_gb(24)
     (5.0, 2.2)
     """
+    gpu_mem_gb = number("default_reserve_gb: gpu_mem_gb", gpu_mem_gb, unit="GB", above=0)
     return round(RESERVE_FIXED_GB + RESERVE_FRACTION * gpu_mem_gb, 3)
 
 
-def gpu_named(name: str) -> GPU:
-    key = name.upper()
-    if key not in GPUS:
-        raise ValueError(f"unknown GPU {name!r}; presets: {', '.join(GPUS)}. For another GPU take "
-                         f"the closest preset and give its own figures (tflops, gpu_mem_gb, "
-                         f"node_bandwidth_gbs)")
-    return GPUS[key]
+def gpu_named(name: str, *, argument: str = "gpu_named: name") -> GPU:
+    """The preset ``name`` (any case: "h100" is the H100). ``argument`` is how an error names
+    the value: plan() says ``plan: gpu``."""
+    text(argument, name)
+    if name.upper() not in GPUS:
+        raise ValueError(f"{argument} names an unknown GPU {name!r}; presets: {', '.join(GPUS)}. "
+                         f"For another GPU take the closest preset and give its own figures "
+                         f"(tflops, gpu_mem_gb, node_bandwidth_gbs)")
+    return GPUS[name.upper()]

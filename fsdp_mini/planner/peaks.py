@@ -22,7 +22,7 @@ SHARDED = {"ddp": (), "zero1": ("optim",), "zero2": ("grads", "optim"), "fsdp": 
 class Layout:
     tensors: list[tuple[str, int]]
     sizes: StateBytes
-    bucket_bytes: int
+    bucket_bytes: float
 
     @property
     def numel(self) -> int:

@@ -35,16 +35,16 @@ gradients, an fp32 master copy and Adam's moments; 2-byte activations and collec
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from functools import partial
 
+from ..arguments import _kind, choice, count, flag, number
 from ..comm.link import Link
 from ..theory import StateBytes
 from . import hardware
 from .budget import check_budget, training_cost
 from .peaks import Layout, memory
-from .shapes import PRESETS, ModelShape
+from .shapes import MAX_COUNT, PRESETS, ModelShape
 from .step_time import StepTime, compute_seconds, exposed_seconds, offload_seconds
 from .traffic import Levels, collectives, comm_seconds, sent_bytes
 
@@ -54,6 +54,11 @@ REDUCE_DTYPES = {"fp32": ("fp32", 4), "float32": ("fp32", 4), "bf16": ("bf16", 2
                  "bfloat16": ("bf16", 2), "fp16": ("fp16", 2), "float16": ("fp16", 2)}
 UNITS_WITHOUT_SHAPE = 32  # a parameter count alone: assume 32 equal layers (a 7B-class depth)
 SEQ_WITHOUT_SHAPE = 2048  # ... and sequences of 2048 tokens for the compute
+# Note: limits beyond any real job, so that a typo is refused rather than a plan taking minutes:
+# hsdp's default group is searched among the divisors up to a node's size, and a step of
+# micro_batches lists every collective of each micro-batch.
+MAX_GPUS = 2**20              # a million GPUs: ten times the largest clusters of 2025
+MAX_MICRO_BATCHES = 1024      # micro-batches per step (gradient accumulation)
 
 
 @dataclass
@@ -137,34 +142,52 @@ def plan(params: float | None = None, *, model: str | ModelShape | None = None, 
         >>> p.params, p.strategies["fsdp"].persistent_bytes      # 16Ψ/N
         (27840, 222720.0)
     """
-    shape = _shape(params, model, seq)
-    check_budget(train_tokens, train_steps, price_per_gpu_hour)
-    sizes, act_bytes = _precision(precision)
-    n = _whole("gpus", gpus)
-    _whole("micro_batch", micro_batch)
-    _whole("micro_batches", micro_batches)
-    device = hardware.gpu_named(gpu)
-    mem_gb = device.memory_gb if gpu_mem_gb is None else _positive("gpu_mem_gb", gpu_mem_gb, "GB")
-    reserve = hardware.default_reserve_gb(mem_gb) if reserve_gb is None else reserve_gb
-    if reserve_gb is not None and not (isinstance(reserve_gb, (int, float))
-                                       and not isinstance(reserve_gb, bool)
-                                       and 0 <= reserve_gb < mem_gb):
-        raise ValueError(f"reserve_gb must be a number of GB from 0 to below the GPU's "
-                         f"{mem_gb:g} GB, got {reserve_gb!r}")
-    reduce_name, reduce_bytes = _reduce(reduce_dtype)
+    arg = "plan: {}".format
+    # Note: every argument alone first (its type, its range), then what they mean together,
+    # all before any work: a str is never read as a number or a flag, a fraction never as a count.
+    if params is not None:
+        params = count(arg("params"), params, unit="parameters", scale_hint=1e9,
+                       at_most=MAX_COUNT)
+    model = _model(model)
+    n = count(arg("gpus"), gpus, unit="GPUs", at_most=MAX_GPUS)
+    if gpu_mem_gb is not None:
+        gpu_mem_gb = number(arg("gpu_mem_gb"), gpu_mem_gb, unit="GB", above=0)
+    sizes, act_bytes = PRECISIONS[choice(arg("precision"), precision, PRECISIONS)]
+    micro_batch = count(arg("micro_batch"), micro_batch, at_most=MAX_COUNT)
+    if seq is not None:
+        seq = count(arg("seq"), seq, at_most=MAX_COUNT)
+    for name, value in (("checkpointing", checkpointing), ("offload", offload),
+                        ("prefetch", prefetch), ("no_sync", no_sync)):
+        flag(arg(name), value)
+    if shard_size is not None:
+        shard_size = count(arg("shard_size"), shard_size, at_most=MAX_GPUS)
+    across = Link(number(arg("bandwidth_gbs"), bandwidth_gbs, unit="GB/s", above=0),
+                  number(arg("latency_us"), latency_us, unit="µs", at_least=0))
+    bucket_mb = number(arg("bucket_mb"), bucket_mb, unit="MB", above=0)
     strategies = _strategies(strategies)
-    per_node = _whole("gpus_per_node", gpus_per_node)
-    s = _shard_size(shard_size, n, per_node, "hsdp" in strategies)
-    peak_flops = device.tflops(precision) if tflops is None else \
-        _positive("tflops", tflops, "TFLOPS") * 1e12
-    if not 0 < efficiency <= 1:
-        raise ValueError(f"efficiency must be a fraction of the peak in (0, 1], e.g. 0.4, got "
-                         f"{efficiency!r}")
+    reduce_name, reduce_bytes = _reduce(reduce_dtype)
+    if reserve_gb is not None:
+        reserve_gb = number(arg("reserve_gb"), reserve_gb, unit="GB", at_least=0)
+    device = hardware.gpu_named(gpu, argument=arg("gpu"))
+    if tflops is not None:
+        tflops = number(arg("tflops"), tflops, unit="TFLOPS", above=0)
+    efficiency = number(arg("efficiency"), efficiency, above=0, at_most=1,
+                        example="0.4, the share of the peak achieved")
+    per_node = count(arg("gpus_per_node"), gpus_per_node, unit="GPUs", at_most=MAX_GPUS)
     node_gbs = device.nvlink_gbs if node_bandwidth_gbs is None else \
-        _positive("node_bandwidth_gbs", node_bandwidth_gbs, "GB/s")
-    node_us = _positive("node_latency_us", node_latency_us, "µs", zero_ok=True)
-    across = Link(_positive("bandwidth_gbs", bandwidth_gbs, "GB/s"),
-                  _positive("latency_us", latency_us, "µs", zero_ok=True))
+        number(arg("node_bandwidth_gbs"), node_bandwidth_gbs, unit="GB/s", above=0)
+    node_us = number(arg("node_latency_us"), node_latency_us, unit="µs", at_least=0)
+    micro_batches = count(arg("micro_batches"), micro_batches, at_most=MAX_MICRO_BATCHES)
+    train_tokens, train_steps, price_per_gpu_hour = check_budget(
+        train_tokens, train_steps, price_per_gpu_hour, caller="plan")
+    shape = _shape(params, model, seq)
+    mem_gb = device.memory_gb if gpu_mem_gb is None else gpu_mem_gb
+    if reserve_gb is not None and not reserve_gb < mem_gb:
+        raise ValueError(f"plan: reserve_gb must be a number of GB from 0 to below the GPU's "
+                         f"{mem_gb:g} GB, got {reserve_gb:g}")
+    reserve = hardware.default_reserve_gb(mem_gb) if reserve_gb is None else reserve_gb
+    s = _shard_size(shard_size, n, per_node, "hsdp" in strategies)
+    peak_flops = device.tflops(precision) if tflops is None else tflops * 1e12
     levels = Levels(Link(node_gbs, node_us), across, per_node)
     model_tensors = _tensors(shape, params)
     acts = _activations(shape, micro_batch, act_bytes, checkpointing)
@@ -176,12 +199,12 @@ def plan(params: float | None = None, *, model: str | ModelShape | None = None, 
                             "peak_flops": peak_flops, "efficiency": efficiency,
                             "node_link": levels.node.describe(),
                             "across_nodes": levels.across.describe(),
-                            "gpus_per_node": gpus_per_node, "reserve": hardware.RESERVE
+                            "gpus_per_node": per_node, "reserve": hardware.RESERVE
                             if reserve_gb is None else f"{reserve_gb:g} GB (given)"})
     if shape is None:
         out.notes.append(f"activations not counted (give a model shape); units assumed to be "
                          f"{UNITS_WITHOUT_SHAPE} equal layers, sequences of {SEQ_WITHOUT_SHAPE}")
-    layout = Layout(model_tensors, sizes, int(bucket_mb * 2**20))
+    layout = Layout(model_tensors, sizes, bucket_mb * 2**20)
     compute = compute_seconds(out.params, tokens, checkpointing, peak_flops, efficiency)
     for name in strategies:
         group = s if name == "hsdp" else n
@@ -199,7 +222,7 @@ def plan(params: float | None = None, *, model: str | ModelShape | None = None, 
             m.peak_bytes + out.reserve_bytes <= out.gpu_mem_bytes, sent_bytes(ops),
             comm_seconds(ops, levels), m.peak_moment, m.offloaded_bytes, time.seconds,
             time.compute_seconds, time.exposed_comm_seconds, time.offload_seconds, pcie,
-            m.offloaded_bytes * min(gpus_per_node, n),
+            m.offloaded_bytes * min(per_node, n),
             time.seconds / tokens * 1e6 / 3600)
     if train_tokens is not None or train_steps is not None:
         for s in out.strategies.values():
@@ -220,79 +243,77 @@ def _tensors(shape: ModelShape | None, params) -> list[tuple[str, int]]:
         [("root", total - layer * UNITS_WITHOUT_SHAPE)]
 
 
-def _shape(params, model, seq) -> ModelShape | None:
-    if (params is None) == (model is None):
-        raise ValueError("give either params (a parameter count, e.g. 7e9) or model (a preset: "
-                         f"{', '.join(PRESETS)}, or a ModelShape), not both or neither")
+def _model(model) -> ModelShape | None:
+    """None, a ModelShape, or the preset a name names (any case: "7B" is "7b")."""
+    if model is None or isinstance(model, ModelShape):
+        return model
+    if not isinstance(model, str):
+        raise TypeError(f"plan: model must be a preset name ({', '.join(PRESETS)}) or a "
+                        f"ModelShape, got {model!r} ({_kind(model)})")
+    if model.lower() not in PRESETS:
+        raise ValueError(f"plan: model names an unknown model preset {model!r}; choose from "
+                         f"{', '.join(PRESETS)} or give params")
+    return PRESETS[model.lower()]
+
+
+def _shape(params, shape, seq) -> ModelShape | None:
+    if (params is None) == (shape is None):
+        raise ValueError("plan: give either params (a parameter count, e.g. 7e9) or model (a "
+                         f"preset: {', '.join(PRESETS)}, or a ModelShape), not both or neither")
     if params is not None:
-        if isinstance(params, bool) or not isinstance(params, (int, float)) \
-                or not 1 <= params < math.inf:
-            raise ValueError(f"params must be a parameter count >= 1, e.g. 7e9, got {params!r}")
+        if seq is not None:
+            raise ValueError("plan: seq sets the sequence length of the activations, which params "
+                             "does not count: plan a model preset or shape to count them, or "
+                             "leave seq out")
         return None
-    if isinstance(model, str):
-        if model.lower() not in PRESETS:
-            raise ValueError(f"unknown model preset {model!r}; choose from {', '.join(PRESETS)} "
-                             f"or give params")
-        model = PRESETS[model.lower()]
-    if not isinstance(model, ModelShape):
-        raise TypeError(f"model must be a preset name or a ModelShape, got {type(model).__name__}")
-    return model.with_seq(_whole("seq", seq)) if seq is not None else model
-
-
-def _precision(precision: str) -> tuple[StateBytes, int]:
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    return PRECISIONS[precision]
+    return shape.with_seq(seq) if seq is not None else shape
 
 
 def _reduce(dtype) -> tuple[str, int]:
     """("fp32", 4) for None, "fp32" or torch.float32; ("bf16", 2) for "bf16", torch.bfloat16."""
+    wanted = "'fp32' (the default, None: as parallelize does), 'bf16' or 'fp16' (or a torch dtype)"
+    if dtype is not None and not isinstance(dtype, str) and not str(dtype).startswith("torch."):
+        raise TypeError(f"plan: reduce_dtype must be {wanted}, got {dtype!r} ({_kind(dtype)})")
     name = "fp32" if dtype is None else str(dtype).removeprefix("torch.")
     if name not in REDUCE_DTYPES:
-        raise ValueError(f"reduce_dtype must be None (fp32, parallelize's default), 'fp32', "
-                         f"'bf16' or 'fp16' (or a torch dtype), got {dtype!r}")
+        raise ValueError(f"plan: reduce_dtype must be {wanted}, got {dtype!r}")
     return REDUCE_DTYPES[name]
 
 
 def _strategies(strategies) -> tuple[str, ...]:
     """A tuple of names; a string is read as the CLI reads it: "fsdp" or "ddp,fsdp"."""
+    choose = f"choose from {', '.join(PLAN_STRATEGIES)}"
     if isinstance(strategies, str):
         strategies = [name.strip() for name in strategies.split(",") if name.strip()]
-    strategies = tuple(strategies)
+    if not isinstance(strategies, (tuple, list)) or not all(isinstance(name, str)
+                                                            for name in strategies):
+        raise TypeError(f"plan: strategies must be names, a tuple ('ddp', 'fsdp') or a string "
+                        f"'ddp,fsdp'; {choose}; got {strategies!r} ({_kind(strategies)})")
+    if not strategies:
+        raise ValueError(f"plan: no strategies given; {choose}")
     unknown = [name for name in strategies if name not in PLAN_STRATEGIES]
-    if unknown or not strategies:
-        raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(PLAN_STRATEGIES)}"
-                         if unknown else f"no strategies given; choose from "
-                         f"{', '.join(PLAN_STRATEGIES)}")
-    return strategies
+    if unknown:
+        raise ValueError(f"plan: strategies must be names the planner knows, got {unknown}; "
+                         f"{choose}")
+    repeated = sorted({name for name in strategies if strategies.count(name) > 1})
+    if repeated:
+        raise ValueError(f"plan: strategies names {repeated} more than once; name each strategy "
+                         f"once")
+    return tuple(strategies)
 
 
-def _shard_size(shard_size, n: int, per_node: int, hsdp: bool) -> int:
-    """hsdp's S: given, or the largest divisor of ``n`` that fits in a node."""
+def _shard_size(shard_size: int | None, n: int, per_node: int, hsdp: bool) -> int:
+    """hsdp's S: given (already a whole number >= 1), or the largest divisor of ``n`` that fits
+    in a node."""
     if shard_size is None:
         return max(d for d in range(1, min(per_node, n) + 1) if n % d == 0)
     if not hsdp:
-        raise ValueError(f"shard_size {shard_size!r} is hsdp's, but hsdp is not among the "
+        raise ValueError(f"plan: shard_size {shard_size} is hsdp's, but hsdp is not among the "
                          f"strategies; add hsdp, or leave shard_size out")
-    s = _whole("shard_size", shard_size)
-    if n % s:
-        raise ValueError(f"shard_size {s} does not divide gpus {n}: hsdp needs groups of equal "
-                         f"size; pick a divisor of {n}")
-    return s
-
-
-def _positive(name: str, value, unit: str, zero_ok: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not (0 <= value if zero_ok else 0 < value) or not value < math.inf:
-        raise ValueError(f"{name} must be a number of {unit} {'>=' if zero_ok else '>'} 0, got "
-                         f"{value!r}")
-    return float(value)
-
-
-def _whole(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-    return value
+    if n % shard_size:
+        raise ValueError(f"plan: shard_size {shard_size} does not divide gpus {n}: hsdp needs "
+                         f"groups of equal size; pick a divisor of {n}")
+    return shard_size
 
 
 def _activations(shape, micro_batch: int, act_bytes: int, checkpointing: bool) -> tuple:

@@ -30,7 +30,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..arguments import choice, count, flag
+
 STYLES = ("gpt", "llama")
+MOMENTS = ("forward end", "backward start", "backward")
+# Note: the planner's sums are floats: a count beyond 2**53 is no longer held exactly, and a
+# product of a few such counts overflows a float; and it lists every layer's tensors, so a
+# depth of millions would take minutes (the deepest published transformers have a few hundred).
+MAX_COUNT = 2**53
+MAX_LAYERS = 10_000
 
 
 @dataclass(frozen=True)
@@ -50,25 +58,28 @@ class ModelShape:
     positions: int | None = None
 
     def __post_init__(self):
-        for name in ("n_layer", "d_model", "n_head", "vocab", "seq"):
+        required = ("n_layer", "d_model", "n_head", "vocab", "seq")
+        for name in required + ("kv_heads", "ffn", "positions"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"model shape: {name} must be a whole number >= 1, got {value!r}")
-        if self.style not in STYLES:
-            raise ValueError(f"model shape: style must be one of {', '.join(STYLES)}, got "
-                             f"{self.style!r}")
+            if value is None and name not in required:
+                continue
+            # Note: stored as an int, so 32.0 layers are 32 layers (the dataclass is frozen)
+            object.__setattr__(self, name, count(f"ModelShape: {name}", value, at_most=(
+                MAX_LAYERS if name == "n_layer" else MAX_COUNT)))
+        choice("ModelShape: style", self.style, STYLES)
+        flag("ModelShape: tie_weights", self.tie_weights)
         if self.d_model % self.n_head:
-            raise ValueError(f"model shape: d_model {self.d_model} is not divisible by n_head "
+            raise ValueError(f"ModelShape: d_model {self.d_model} is not divisible by n_head "
                              f"{self.n_head}")
         if self.n_head % self.kv_head_count:
-            raise ValueError(f"model shape: n_head {self.n_head} is not divisible by kv_heads "
+            raise ValueError(f"ModelShape: n_head {self.n_head} is not divisible by kv_heads "
                              f"{self.kv_heads}")
 
     @classmethod
     def from_gpt(cls, config, seq: int | None = None) -> ModelShape:
         """The shape of a :class:`fsdp_mini.models.GPTConfig` (read by attribute name)."""
-        return cls(config.n_layer, config.n_embd, config.n_head, config.vocab_size,
-                   seq or config.block_size, ffn=config.mlp_ratio * config.n_embd,
+        seq = config.block_size if seq is None else count("ModelShape.from_gpt: seq", seq)
+        return cls(config.n_layer, config.n_embd, config.n_head, config.vocab_size, seq, ffn=config.mlp_ratio * config.n_embd,
                    tie_weights=config.tie_weights, positions=config.block_size)
 
     def with_seq(self, seq: int) -> ModelShape:
@@ -125,6 +136,12 @@ class ModelShape:
         (vocab x d, reduced with the root at the end of backward). With ``checkpointing`` each layer keeps
         only its input (d per token) and the layer in backward is recomputed whole (the last one
         right at backward start)."""
+        name = "ModelShape.activation_bytes: {}".format
+        micro_batch = count(name("micro_batch"), micro_batch, at_most=MAX_COUNT)
+        elem_bytes = count(name("elem_bytes"), elem_bytes, at_most=8)
+        flag(name("checkpointing"), checkpointing)
+        choice(name("moment"), moment, MOMENTS)
+        done = count(name("done"), done, at_least=0, at_most=MAX_LAYERS)
         d, f, tokens = self.d_model, self.ffn_size, micro_batch * self.seq
         llama = self.style == "llama"
         stats = 1 if llama else 2  # fp32 statistics per norm and token
@@ -139,12 +156,9 @@ class ModelShape:
             again = layer if checkpointing and moment == "backward start" else 0
             return (tokens * (around + self.n_layer * kept + again)
                     + (head_grad if moment == "backward start" else 0))
-        if moment == "backward":
-            working = (layer if checkpointing else 0) + 2 * d * elem_bytes
-            return (tokens * (d * elem_bytes + max(self.n_layer - done, 0) * kept + working)
-                    + 2 * d * f * elem_bytes + head_grad)
-        raise ValueError(f"moment must be 'forward end', 'backward start' or 'backward', got "
-                         f"{moment!r}")
+        working = (layer if checkpointing else 0) + 2 * d * elem_bytes  # "backward"
+        return (tokens * (d * elem_bytes + max(self.n_layer - done, 0) * kept + working)
+                + 2 * d * f * elem_bytes + head_grad)
 
 
 # "Class" shapes: approximately the published Llama-2 shapes of each size, for planning only.

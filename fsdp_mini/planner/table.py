@@ -18,6 +18,9 @@ SHORT = ("param", "grads", "optim", "gathr", "comm", "activ")
 
 def format_plan(p: Plan) -> str:
     """The terminal table of ``fsdp-mini plan`` (GB, or MB / kB for small models)."""
+    if not isinstance(p, Plan):
+        raise TypeError(f"format_plan: p must be a Plan (what fsdp_mini.plan returns), got "
+                        f"{type(p).__name__}")
     peak = max((s.peak_bytes for s in p.strategies.values()), default=0)
     unit, scale = next((u, f) for u, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3), ("B", 1))
                        if peak >= f or f == 1)
