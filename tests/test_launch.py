@@ -6,6 +6,7 @@ How launch stops ranks and explains odd failures: test_launch_faults.py.
 import _thread
 import glob
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -203,6 +204,10 @@ def test_ranks_die_when_the_caller_is_killed(tmp_path):
     while (alive := [p for p in pids if _is_alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive, f"ranks outlived their caller: {alive}"
+    # the killed launch's files are still known as the kit's (by its list): the next one there
+    # removes them, and nothing else is left
+    assert launch(workers.sleep_then_return, 1, 0.0, log_dir=tmp_path / "logs") == [0]
+    assert sorted(os.listdir(tmp_path / "logs")) == [KIT_LIST, "config.json", "rank0.log"]
 
 
 def _parent(pid):
@@ -267,7 +272,7 @@ DEADLINE = r"deadline must be None \(no limit\) or a finite number of seconds > 
     ({"world_size": 10**6}, r"world_size must be at most 512 .*got 1000000"),
     ({"world_size": 513}, r"world_size must be at most 512 .*got 513"),
     ({"log_dir": __file__}, r"log_dir .*test_launch.py is a file, not a folder"),
-    ({"env": ["A=1"]}, r"env must be None or a dict"),
+    ({"env": ["A=1"]}, r"launch\(env\) must be None or a dict of environment variables"),
 ])
 def test_bad_numbers_fail_before_anything_starts(own_tempdir, no_process_may_start, kwargs, match):
     """One clear error, in well under a second, and nothing left: no process, no temp folder."""
@@ -278,6 +283,140 @@ def test_bad_numbers_fail_before_anything_starts(own_tempdir, no_process_may_sta
         launch(workers.all_reduce_rank, world_size, **kwargs)
     assert time.monotonic() - start < 1.0
     assert os.listdir(own_tempdir) == []
+
+
+ENV = r"launch\(env\): "
+
+
+@pytest.mark.parametrize("env, error, match", [
+    ({"DEBUG": None}, TypeError, ENV + r"the value of 'DEBUG' must be a str, got None \(a NoneType\); "
+                                       r"write env=\{'DEBUG': '1'\} or leave the key out"),
+    ({"DATA": b"/data"}, TypeError, ENV + r"the value of 'DATA' must be a str, got b'/data' "
+                                          r"\(a bytes\); write env=\{'DATA': '/data'\}"),
+    ({"X": "a\x00b"}, ValueError, ENV + r"the value of 'X' holds a NUL character"),
+    ({"WORKERS": 4}, TypeError, ENV + r"the value of 'WORKERS' must be a str, got 4 \(an int\); "
+                                      r"write env=\{'WORKERS': '4'\}"),
+    ({"ON": True}, TypeError, ENV + r"the value of 'ON' must be a str, got True \(a bool\)"),
+    ({"S": "\ud800"}, ValueError, ENV + r"the value of 'S' cannot be encoded"),
+    ({"": "1"}, ValueError, ENV + r"the name '' is not an environment variable's name: it must be "
+                                  r"non-empty and hold no '='"),
+    ({"A=B": "1"}, ValueError, ENV + r"the name 'A=B' is not an environment variable's name"),
+    ({"A\x00": "1"}, ValueError, ENV + r"the name 'A\\x00' holds a NUL character"),
+    ({1: "x"}, TypeError, ENV + r"the name 1 must be a str, got an int"),
+    ({b"KEY": "x"}, TypeError, ENV + r"the name b'KEY' must be a str, got a bytes; write env=\{'KEY'"),
+    ({"RANK": "3"}, ValueError, ENV + r"'RANK' is set by launch itself, for each rank"),
+    ({"MASTER_PORT": "29500"}, ValueError, ENV + r"'MASTER_PORT' is set by launch itself"),
+])
+def test_bad_env_fails_before_anything_starts(own_tempdir, no_process_may_start, env, error, match):
+    """Each bad name or value is refused naming the key: None reached the ranks as "None",
+    b"/data" as "b'/data'", and a NUL killed rank 0 without a Python exception."""
+    with pytest.raises(error, match=match):
+        launch(workers.read_env, 1, "X", env=env)
+    assert os.listdir(own_tempdir) == []
+
+
+def test_env_reaches_the_ranks_exactly(monkeypatch):
+    """Any Mapping; values as given (a '=' or an empty value is fine; a path becomes its str)."""
+    from pathlib import Path
+    from types import MappingProxyType
+    env = MappingProxyType({"FSDP_MINI_A": "x=y", "FSDP_MINI_P": Path("/data"), "FSDP_MINI_E": ""})
+    assert launch(workers.read_envs, 1, list(env), env=env) == [["x=y", "/data", ""]]
+
+
+class _Monitor:
+    def launch_started(self, world_size, events_dir):
+        pass
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"log_dir": ""}, ValueError, r"log_dir must be None or a folder path, got '' \(an empty path\)"),
+    ({"log_dir": "logs\x00"}, ValueError, r"log_dir holds a NUL character"),
+    ({"log_dir": b"logs"}, TypeError, r"log_dir must be None or a folder path .*got b'logs' "
+                                      r"\(bytes\); write log_dir='logs'"),
+    ({"monitor": 42}, TypeError, r"monitor must be None or an object with the methods "
+                                 r"launch_started\(world_size, events_dir\), launch_poll\(\) and "
+                                 r"launch_finished\(ok\).*got 42 \(an int\)"),
+    ({"monitor": _Monitor()}, TypeError, r"monitor must be None .*which lacks launch_poll, "
+                                         r"launch_finished"),
+    ({"backend": 1}, TypeError, r'backend must be None, "gloo" or "nccl", got 1 \(an int\)'),
+])
+def test_bad_log_dir_monitor_or_backend_fail_before_anything_starts(
+        own_tempdir, no_process_may_start, monkeypatch, kwargs, error, match):
+    """log_dir="" was the current folder; a monitor without its methods failed half way."""
+    monkeypatch.chdir(own_tempdir)  # Note: today's code takes "" for the current folder
+    with pytest.raises(error, match=match):
+        launch(workers.read_env, 1, "X", **kwargs)
+    assert os.listdir(own_tempdir) == []
+
+
+@pytest.mark.parametrize("kwargs, env, error, match", [
+    ({"fn": 42}, {}, TypeError, r"run_with_torchrun\(fn\) must be callable as fn\(rank, "
+                                r"world_size, \*args\), got 42 \(an int\)"),
+    ({"backend": "mpi"}, {}, ValueError, r'backend must be None, "gloo" or "nccl", got \'mpi\''),
+    ({"timeout": 0}, {}, ValueError, r"timeout must be a positive number of seconds"),
+    ({}, {"RANK": "zero"}, RuntimeError, r"run_with_torchrun: RANK='zero' in the environment is "
+                                         r"not a whole number >= 0; torchrun sets it"),
+    ({}, {"WORLD_SIZE": "0"}, RuntimeError, r"WORLD_SIZE='0' .* not a whole number >= 1"),
+    ({}, {"RANK": "1"}, RuntimeError, r"RANK=1 and LOCAL_RANK=0 must each be below WORLD_SIZE=1"),
+])
+def test_run_with_torchrun_checks_its_arguments_before_it_starts(monkeypatch, kwargs, env, error,
+                                                                  match):
+    """Checked before the process group is made: fn=42 failed after init, backend="mpi" and
+    RANK="zero" inside torch or int()."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0"}
+    for k, v in {**base, **env}.items():
+        monkeypatch.setenv(k, v)
+    kwargs = {"fn": workers.all_reduce_rank, "backend": "gloo", "timeout": 30, **kwargs}
+    with pytest.raises(error, match=match):
+        run_with_torchrun(kwargs.pop("fn"), 1.0, **kwargs)
+    assert not torch.distributed.is_initialized()
+
+
+# ---------------------------------------------------------------- log_dir: only the kit's own files
+KIT_LIST = ".launch.files"  # the kit's list of the files it wrote in a log_dir (launcher/files.py)
+
+
+@pytest.mark.parametrize("name", ["config.json", "payload.pkl", "rank0.log", "rank1.result",
+                                  "rank1.error.tmp", KIT_LIST])
+def test_a_users_file_in_log_dir_is_never_overwritten_or_deleted(tmp_path, no_process_may_start,
+                                                                 name):
+    """A file of the user's whose name the launch would write: refused, naming it, before any
+    process, and every file as it was. (It used to be deleted by name.)"""
+    (tmp_path / name).write_text("mine")
+    (tmp_path / "notes.txt").write_text("mine too")
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(ValueError, match=re.escape(f"log_dir {tmp_path} holds {name}, ") + ".*"
+                       + re.escape(f"move {name} elsewhere, or choose another log_dir")):
+        launch(workers.sleep_then_return, 2, 0.0, log_dir=tmp_path)
+    assert sorted(os.listdir(tmp_path)) == before
+    assert (tmp_path / name).read_text() == "mine" and (tmp_path / "notes.txt").read_text() == "mine too"
+
+
+def test_log_dir_loses_only_the_kits_own_files(tmp_path):
+    """The kit removes its earlier files by its list of them, never by name: a rank5.log of the
+    user's stays; one of its logs the user edited, or replaced, is the user's now."""
+    assert launch(workers.sleep_then_return, 2, 0.0, log_dir=tmp_path) == [0, 1]
+    (tmp_path / "rank5.log").write_text("mine")  # a name of the kit's that this launch won't write
+    assert launch(workers.sleep_then_return, 1, 0.0, log_dir=tmp_path) == [0]
+    assert not (tmp_path / "rank1.log").exists()  # the kit's, from the launch before: gone
+    assert (tmp_path / "rank5.log").read_text() == "mine"
+    refused = re.escape(f"log_dir {tmp_path} holds rank0.log, ") + ".*" + re.escape(
+        "move rank0.log elsewhere, or choose another log_dir")
+    with open(tmp_path / "rank0.log", "a") as f:
+        f.write("my notes\n")  # the kit's log, edited since
+    with pytest.raises(ValueError, match=refused):
+        launch(workers.sleep_then_return, 1, 0.0, log_dir=tmp_path)
+    assert (tmp_path / "rank0.log").read_text().endswith("my notes\n")
+    (tmp_path / "rank0.log").unlink()
+    (tmp_path / "rank0.log").write_text("mine\n")  # may well get the removed file's inode
+    with pytest.raises(ValueError, match=refused):
+        launch(workers.sleep_then_return, 1, 0.0, log_dir=tmp_path)
+    assert (tmp_path / "rank0.log").read_text() == "mine\n"
+    assert (tmp_path / "rank5.log").read_text() == "mine"
 
 
 def test_temp_folder_removed_when_launch_fails_before_any_rank_starts(own_tempdir, monkeypatch):

@@ -6,6 +6,7 @@ one log_dir; logs with enormous lines. Every test checks that no process is left
 """
 import _thread
 import inspect
+import json
 import os
 import re
 import subprocess
@@ -189,9 +190,20 @@ def test_two_launches_sharing_a_log_dir_at_once(tmp_path):
 def test_lock_left_by_a_dead_launch_is_taken_over(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    (tmp_path / LOCK_NAME).write_text(f"{dead.pid}\n")  # as if its launch had been SIGKILLed
+    (tmp_path / LOCK_NAME).write_text(json.dumps(  # as if its launch had been SIGKILLed
+        {"mark": "fsdp_mini lock", "pid": dead.pid, "purpose": "launch"}) + "\n")
     assert launch(workers.sleep_then_return, 1, 0.0, log_dir=tmp_path) == [0]
     assert not (tmp_path / LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize("text", ["4242\n", ""])
+def test_a_users_file_named_like_the_lock_is_refused_and_kept(tmp_path, text):
+    (tmp_path / LOCK_NAME).write_text(text)
+    with pytest.raises(ValueError, match=re.escape(
+            f"log_dir {tmp_path} holds a file {LOCK_NAME} that is not a lock of fsdp_mini; move "
+            "it elsewhere, or use another log_dir")):
+        launch(workers.sleep_then_return, 1, 0.0, log_dir=tmp_path)
+    assert (tmp_path / LOCK_NAME).read_text() == text and os.listdir(tmp_path) == [LOCK_NAME]
 
 
 # ---------------------------------------------------------------- enormous output

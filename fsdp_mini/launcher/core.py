@@ -10,7 +10,8 @@ import torch.distributed as dist
 
 from .failures import LaunchError, LaunchTimeoutError, failure_error, outcome, rank_file
 from .files import LaunchDir
-from .inputs import check_env, check_launch_args, check_log_dir, check_timeout, pickle_payload
+from .inputs import (check_backend_name, check_env, check_launch_args, check_log_dir, check_monitor,
+                     check_timeout, kind, pickle_payload)
 from .procs import start_ranks, stop_ranks, watch_ranks
 
 __all__ = ["launch", "rank_device", "run_with_torchrun", "LaunchError", "LaunchTimeoutError"]
@@ -65,7 +66,10 @@ def launch(fn, world_size, *args, backend=None, timeout=120.0, deadline=None, lo
 
     Logs: `rank{r}.log` in `log_dir` (kept; one launch at a time per log_dir, a second concurrent
     one is refused with ValueError), or in a temporary folder, removed on success, kept on failure
-    (its path is in the error). Every argument is checked before anything starts.
+    (its path is in the error). In a log_dir the kit removes only files it wrote there (its list
+    of them: `.launch.files`), and refuses to start (ValueError naming the file) when the folder
+    holds a file of yours that the launch would write over (`config.json`, `rank0.log`...).
+    Every argument is checked before anything starts: `env` is a mapping of names to str values.
 
     `monitor` watches the ranks' telemetry live (e.g. `fsdp_mini.widgets.Dashboard()`): the ranks
     get `FSDP_MINI_EVENTS_DIR`, where `fsdp_mini.telemetry.Recorder.from_env()` writes, and the
@@ -74,13 +78,15 @@ def launch(fn, world_size, *args, backend=None, timeout=120.0, deadline=None, lo
     """
     started = time.monotonic()
     job = _Job(*check_launch_args(world_size, backend, timeout, deadline), started)
-    log_dir, env = check_log_dir(log_dir), check_env(env)
+    log_dir, env, monitor = check_log_dir(log_dir), check_env(env), check_monitor(monitor)
     payload, sources = pickle_payload(fn, args)
-    folder = LaunchDir(log_dir)  # Note: the first thing that leaves a trace; all checks are done
+    # Note: the first thing that leaves a trace; all argument checks are done. It refuses a
+    # log_dir holding a file of the user's that this launch would write over (files.py).
+    folder = LaunchDir(log_dir, job.world_size, events=monitor is not None)
     procs, ok, monitoring = [], False, False
     try:
         if monitor is not None:
-            events_dir = os.path.join(folder.path, "events")
+            events_dir = folder.events_dir
             env = {**env, "FSDP_MINI_EVENTS_DIR": events_dir}
             monitor.launch_started(job.world_size, events_dir)
             monitoring = True
@@ -156,14 +162,23 @@ def run_with_torchrun(fn, *args, backend=None, timeout=120.0):
         if __name__ == "__main__":
             run_with_torchrun(train, 100)   # in a notebook: launch(train, 2, 100)
     """
+    if not callable(fn):
+        raise TypeError(f"run_with_torchrun(fn) must be callable as fn(rank, world_size, *args), "
+                        f"got {fn!r} ({kind(fn)})")
+    backend = None if backend is None else check_backend_name(backend)
+    timeout = check_timeout(timeout)
     missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if k not in os.environ]
     if missing:
         raise RuntimeError(f"run_with_torchrun expects {missing} set by torchrun "
                            "(torchrun --nproc-per-node N script.py); in a notebook use launch().")
-    rank, world_size, local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    rank, world_size, local_rank = _torchrun_env()
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-    init_group(backend, rank, world_size, local_rank, check_timeout(timeout))
+    if backend == "nccl" and not torch.cuda.device_count() > local_rank:
+        raise ValueError(f'run_with_torchrun(backend="nccl") needs one GPU per rank on this node, '
+                         f"and LOCAL_RANK={local_rank} has none ({torch.cuda.device_count()} "
+                         'visible); use backend="gloo", or fewer ranks per node')
+    init_group(backend, rank, world_size, local_rank, timeout)
     try:
         result = fn(rank, world_size, *args)
     except BaseException:
@@ -174,3 +189,20 @@ def run_with_torchrun(fn, *args, backend=None, timeout=120.0):
     dist.barrier()
     dist.destroy_process_group()
     return result
+
+
+def _torchrun_env():
+    """RANK, WORLD_SIZE and LOCAL_RANK from the environment, each a whole number in range."""
+    values = {}
+    for name, low in (("WORLD_SIZE", 1), ("RANK", 0), ("LOCAL_RANK", 0)):
+        text = os.environ[name].strip()
+        if not (text.isascii() and text.isdigit()) or int(text) < low:
+            raise RuntimeError(f"run_with_torchrun: {name}={os.environ[name]!r} in the environment "
+                               f"is not a whole number >= {low}; torchrun sets it (torchrun "
+                               "--nproc-per-node N script.py)")
+        values[name] = int(text)
+    if not values["RANK"] < values["WORLD_SIZE"] or not values["LOCAL_RANK"] < values["WORLD_SIZE"]:
+        raise RuntimeError(f"run_with_torchrun: RANK={values['RANK']} and LOCAL_RANK="
+                           f"{values['LOCAL_RANK']} must each be below WORLD_SIZE="
+                           f"{values['WORLD_SIZE']}; torchrun sets them")
+    return values["RANK"], values["WORLD_SIZE"], values["LOCAL_RANK"]

@@ -8,8 +8,10 @@ import linecache
 import marshal
 import math
 import os
+import sys
 import types
 from collections import ChainMap
+from collections.abc import Mapping
 from numbers import Integral, Real
 
 import cloudpickle
@@ -18,6 +20,12 @@ import torch
 MIN_TIMEOUT_S = 1.0
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_WORLD_SIZE = 512
+
+
+def kind(value):
+    """'a NoneType', 'an int': what a value is, for an error message."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def check_world_size(world_size):
@@ -64,13 +72,22 @@ def check_deadline(deadline):
     return seconds
 
 
+def check_backend_name(backend):
+    """backend as "gloo" or "nccl" (a plain str); a TypeError or ValueError naming it otherwise."""
+    if not isinstance(backend, str):
+        raise TypeError(f'backend must be None, "gloo" or "nccl", got {backend!r} '
+                        f"({kind(backend)})")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f'backend must be None, "gloo" or "nccl", got {backend!r}')
+    return str.__str__(backend)
+
+
 def pick_backend(backend, world_size):
     """None means: NCCL with one GPU per rank when there are enough GPUs, else gloo on CPU."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend is None:
         return "nccl" if 0 < world_size <= gpus else "gloo"
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f'backend must be None, "gloo" or "nccl", got {backend!r}')
+    backend = check_backend_name(backend)
     if backend == "nccl" and gpus == 0:
         why = ("this torch is a CPU build" if torch.version.cuda is None
                else "torch.cuda.is_available() is False")
@@ -84,15 +101,43 @@ def pick_backend(backend, world_size):
 
 
 def check_log_dir(log_dir):
-    """log_dir as None or an absolute path that is not an existing file."""
+    """log_dir as None or an absolute path (a str) that is not an existing file."""
     if log_dir is None:
         return None
-    if not isinstance(log_dir, (str, os.PathLike)):
-        raise TypeError(f"log_dir must be None or a folder path, got {log_dir!r}")
-    path = os.path.abspath(log_dir)
+    path = os.fspath(log_dir) if isinstance(log_dir, os.PathLike) else log_dir
+    if isinstance(path, bytes):
+        raise TypeError(f"log_dir must be None or a folder path (a str or pathlib.Path), got "
+                        f"{log_dir!r} (bytes); write log_dir={os.fsdecode(path)!r}")
+    if not isinstance(path, str):
+        raise TypeError(f"log_dir must be None or a folder path (a str or pathlib.Path), got "
+                        f"{log_dir!r} ({kind(log_dir)})")
+    if not path:
+        # Note: os.path.abspath("") is the current folder, which is surely not what was meant
+        raise ValueError("log_dir must be None or a folder path, got '' (an empty path); write "
+                         "log_dir='logs' for a folder logs/ here")
+    if "\x00" in path:
+        raise ValueError(f"log_dir holds a NUL character (\\x00), which no path can carry: {path!r}")
+    path = os.path.abspath(path)
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"log_dir {path} is a file, not a folder; pass a folder path")
     return path
+
+
+_MONITOR_METHODS = ("launch_started", "launch_poll", "launch_finished")
+
+
+def check_monitor(monitor):
+    """monitor as None or an object with the three methods launch calls."""
+    if monitor is None:
+        return None
+    missing = [m for m in _MONITOR_METHODS if not callable(getattr(monitor, m, None))]
+    if missing:
+        raise TypeError(f"monitor must be None or an object with the methods launch_started("
+                        f"world_size, events_dir), launch_poll() and launch_finished(ok) (e.g. "
+                        f"fsdp_mini.widgets.Dashboard() or fsdp_mini.telemetry.EventLog()), got "
+                        f"{monitor!r} ({kind(monitor)}), which lacks "
+                        f"{', '.join(missing)}")
+    return monitor
 
 
 def check_launch_args(world_size, backend=None, timeout=120.0, deadline=None):
@@ -157,10 +202,62 @@ def pickle_payload(fn, args):
     return payload, {name: lines for name, lines in sources.items() if lines}
 
 
+def _env_str(what, value, fix):
+    """value (a str, or a path) as the str a process environment can carry; else one clear
+    error, ending with `fix(suggested str or None)`.
+
+    Note: an os.PathLike becomes its path, as subprocess does with env values; anything else is
+    refused: str(None) would reach the ranks as "None" and str(b"/data") as "b'/data'".
+    """
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        meant = (os.fsdecode(value) if isinstance(value, bytes)
+                 else str(value) if isinstance(value, Real) and not isinstance(value, bool) else None)
+        raise TypeError(f"launch(env): {what} must be a str, got {value!r} ({kind(value)}); "
+                        f"write {fix(meant)}")
+    value = str.__str__(value)  # Note: a str subclass's own __str__ may say something else
+    if "\x00" in value:
+        raise ValueError(f"launch(env): {what} holds a NUL character (\\x00), which no "
+                         f"environment variable can carry: {value!r}")
+    try:
+        os.fsencode(value)
+    except UnicodeError:
+        raise ValueError(f"launch(env): {what} cannot be encoded for the environment "
+                         f"({sys.getfilesystemencoding()}): {value!r}") from None
+    return value
+
+
+# Note: launch sets these for each rank (its rank, the store's address); one value for all ranks
+# would be wrong on all but one, so they are refused instead of silently replaced or taken.
+RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
 def check_env(env):
-    """env as a dict of str to str (variables added to the ranks' environment)."""
+    """env as a dict of str to str (variables added to the ranks' environment).
+
+    A Mapping (dict, os.environ...) of names to values: names non-empty, without '=' or NUL,
+    values str (or a path) without NUL. Anything else is refused, naming the key.
+    """
     if env is None:
         return {}
-    if not hasattr(env, "items"):
-        raise TypeError(f"env must be None or a dict of environment variables, got {env!r}")
-    return {str(k): str(v) for k, v in env.items()}
+    if not isinstance(env, Mapping):
+        raise TypeError(f"launch(env) must be None or a dict of environment variables (str to "
+                        f"str), got {env!r} ({kind(env)}); e.g. env={{'DEBUG': '1'}}")
+    checked = {}
+    for key, value in list(env.items()):
+        if not isinstance(key, str):
+            name = os.fsdecode(key) if isinstance(key, bytes) else "NAME"
+            raise TypeError(f"launch(env): the name {key!r} must be a str, got {kind(key)}; "
+                            f"write env={{{name!r}: ...}}")
+        key = _env_str(f"the name {key!r}", key, lambda meant: f"env={{{meant!r}: ...}}")
+        if not key or "=" in key:
+            raise ValueError(f"launch(env): the name {key!r} is not an environment variable's "
+                             "name: it must be non-empty and hold no '='; e.g. env={'DEBUG': '1'}")
+        if key in RANK_ENV:
+            raise ValueError(f"launch(env): {key!r} is set by launch itself, for each rank "
+                             f"({', '.join(RANK_ENV)}); leave it out of env")
+        checked[key] = _env_str(f"the value of {key!r}", value, lambda meant, k=key: (
+            f"env={{{k!r}: {meant!r}}}" if meant is not None
+            else f"env={{{k!r}: '1'}} or leave the key out"))
+    return checked

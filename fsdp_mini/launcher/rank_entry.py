@@ -124,8 +124,11 @@ def main(launch_dir, rank, parent_pid=None):
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--zygote"]:  # the warm starter, which forks ranks that then run main
-        # Note: before any import: the caller may die meanwhile, and a print must not reach the
-        # pipe of replies (fd 1, kept as `replies`; fd 1 itself goes to /dev/null).
+        # Note: before the zygote's own imports: the caller may die meanwhile, and a print must
+        # not reach the pipe of replies (fd 1, kept as `replies`; fd 1 itself goes to /dev/null).
+        # `-m` has imported the fsdp_mini package (torch: seconds, more on a loaded machine)
+        # before this line runs; a caller that died during that is seen here (its pid is no
+        # longer our parent's) and the zygote exits, having started nothing.
         _die_with_parent(int(os.environ["FSDP_MINI_ZYGOTE_CALLER"]))
         replies, start_path, null = os.dup(1), list(sys.path), os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, 1)

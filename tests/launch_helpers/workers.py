@@ -118,3 +118,8 @@ def huge_line_then_raise(rank, world_size, line_bytes, message_bytes):
 def sleep_then_return(rank, world_size, seconds):
     time.sleep(seconds)
     return rank
+
+
+def read_envs(rank, world_size, names):
+    """The values of several environment variables (None where unset), in order."""
+    return [os.environ.get(name) for name in names]

@@ -233,8 +233,9 @@ def measure_strategies(rank, world_size, strategies, steps=3, model="tiny", glob
 def forget_logs(err: LaunchError) -> None:
     """Remove the logs ``launch`` keeps after a failure: the checker's ✘ line says what a learner
     needs, and a checker leaves no folder behind."""
-    if getattr(err, "log_dir", None):
-        shutil.rmtree(err.log_dir, ignore_errors=True)
+    folder = getattr(err, "log_dir", None)
+    if folder and Path(folder).name.startswith("fsdp_mini_launch_"):  # Note: a temporary one
+        shutil.rmtree(folder, ignore_errors=True)                     # only, never a log_dir
 
 
 def explain_failure(result, err, timeout, hang_hint, raise_hint=None) -> CheckResult:
