@@ -257,9 +257,12 @@ def _engine(model: nn.Module, optimizer, path, where: str):
         raise TypeError(f"{where}(optimizer) must be the optimizer (a torch.optim.Optimizer, "
                         f"e.g. the one parallelize returned) or None for the model alone, got "
                         f"{optimizer!r} (a {type(optimizer).__name__})")
-    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{where}(path) must be a folder's path, a non-empty str or Path, got "
                         f"{path!r} (a {type(path).__name__})")
+    if not os.fspath(path):
+        raise CheckpointError(f"{where}(path) must be a non-empty str or Path (a folder's "
+                              f"path), got ''")
     if "\x00" in os.fspath(path):
         raise ValueError(f"{where}(path) holds a NUL character, which no path can: {path!r}")
     engine = getattr(model, "fsdp_mini", None)
