@@ -12,7 +12,7 @@ import torch
 from helpers import notebook_kernel
 
 from fsdp_mini import labs
-from fsdp_mini.labs.common.ranks_keeper import alive, descendants
+from fsdp_mini.launcher.keeper import alive, descendants
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -13,7 +13,7 @@ import nbformat
 import pytest
 
 from fsdp_mini import labs
-from fsdp_mini.labs.common.render import LABS_DIR, lab_notebooks
+from fsdp_mini.jobs.render_labs import LABS_DIR, lab_notebooks
 
 ROOT = LABS_DIR.parent
 EXPECTED = ["00_setup", "01_memory", "02_collectives", "03_ddp", "04_zero", "05_fsdp", "06_fast", "07_bigger", "08_checkpoints", "09_debugging", "10_production",

@@ -140,7 +140,7 @@ def test_the_finder_sees_the_imports_it_should():
     edges = imports()
     assert ("fsdp.algorithm", "comm.collectives") in edges and ("jobs.compare", "api") in edges
     assert ("telemetry.recorder", "comm.ledger") in edges and ("api", "registry") in edges
-    assert ("fsdp.hsdp", "fsdp.algorithm") in edges and ("jobs.cli", "labs.common.render") in edges
+    assert ("fsdp.hsdp", "fsdp.algorithm") in edges and ("jobs.cli", "jobs.render_labs") in edges
     assert ("labs.lab11.fit", "labs.common.configurations") in edges
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_mini.labs.common.ranks_keeper import alive, descendants
+from fsdp_mini.launcher.keeper import alive, descendants
 
 EXE = Path(sys.executable).parent / "fsdp-mini"
 CMD = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "fsdp_mini.jobs.cli"]

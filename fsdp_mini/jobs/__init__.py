@@ -5,8 +5,8 @@
 
 Files: gpt (``train_gpt``, ``train_strategies``), compare (the main job, run on every rank), peaks
 (one step's peak per rank under a strategy and its options: what the planner is checked against),
-cli (the ``fsdp-mini`` command). May import: everything else; it is the top of the house
-(``fsdp-mini render-labs`` runs the lab kit's renderer).
+render_labs (the executed HTML copies of the labs, ``fsdp-mini render-labs``), cli (the
+``fsdp-mini`` command). May import: everything else; it is the top of the house.
 """
 
 from .gpt import train_gpt, train_strategies

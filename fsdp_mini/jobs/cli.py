@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 def render_command(args) -> int:
     import signal
 
-    from ..labs.common.render import Interrupted, render_labs
+    from .render_labs import Interrupted, render_labs
     try:
         render_labs(args.out, args.labs, ci=args.ci)
     except (ValueError, OSError) as err:  # Note: OSError: a notebook moved away while rendering

@@ -19,12 +19,12 @@ telemetry, plots, widgets), never the jobs; a lab imports ``common/``, never ano
 """
 
 from . import lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10, lab11
-from .common import interactive
+from ..launcher import interactive
 from .common.config import LabConfig, in_ci, lab_config
 from .common.configurations import describe, options_of
 from .common.exercise import (exercise, load_solution, not_written_yet, show_solution,
                               yours_or_reference)
-from .common.interactive import *  # noqa: F401,F403
+from ..launcher.interactive import *  # noqa: F401,F403
 from .common.report import CheckFailed, CheckResult
 from .lab00 import *  # noqa: F401,F403
 from .lab01 import *  # noqa: F401,F403

@@ -2,7 +2,10 @@
 
 ``config.py`` (``lab_config``: how many ranks, which backend, how big a model), ``exercise.py``
 (the learner's function or the reference solution), ``report.py`` (``CheckResult``: ✔/✘ lines in
-plain words), ``checking.py`` (running the learner's code on ranks, a failure as one ✘ line, and
-comparing ranks), ``interactive.py`` and ``ranks_keeper.py`` (ranks that stay alive across
-cells), ``render.py`` (executed HTML copies of the labs). May import: the engine, never a lab.
+plain words), the checking engine: ``differential.py`` (a check: the learner's code beside the
+reference over a spread of configurations), ``records.py`` (configurations, what a run saw),
+``compare.py`` (the first divergence, in words), ``on_ranks.py`` (many answers on ranks, one
+launch per world size), ``observing.py`` (the small nets and what a training run shows);
+``checking.py`` (a failure's line in the learner's code, unwritten stubs), ``configurations.py``
+(a training configuration in words). May import: the engine, never a lab.
 """

@@ -24,9 +24,9 @@ import threading
 import time
 from pathlib import Path
 
-from .ranks_keeper import alive, descendants, kill, parent_of
+from ..launcher.keeper import alive, descendants, kill, parent_of
 
-LABS_DIR = Path(__file__).resolve().parents[3] / "labs"
+LABS_DIR = Path(__file__).resolve().parents[2] / "labs"
 
 
 LAB_NAME = re.compile(r"\d\d_[a-z0-9]+")  # 06_fast; not a copy such as 06_fast-Copy1

@@ -18,7 +18,7 @@ is ``%%px`` from Python.
 Note: no process is left behind even when the notebook never reaches ``ranks.stop()`` (a failing
 cell, a kernel restart, a killed kernel, killed engines): the controller and the engines are
 started by a keeper process that ends them all once the kernel is gone
-(:mod:`fsdp_mini.labs.common.ranks_keeper`). A ``%%px`` cell after a rank has died says which rank
+(:mod:`fsdp_mini.launcher.keeper`). A ``%%px`` cell after a rank has died says which rank
 and what to do.
 """
 
@@ -37,7 +37,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from .ranks_keeper import alive, descendants, kill
+from .keeper import alive, descendants, kill
 
 KEEPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ranks_keeper.py")
 
