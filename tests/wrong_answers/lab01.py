@@ -4,7 +4,6 @@ Most are a formula with the wrong bytes per parameter for (sgd, momentum, adam),
 counted the wrong number of times, or the wrong unit (``per_param``).
 """
 
-from fsdp_mini import labs
 from wrong_answers import Wrong
 
 
@@ -23,45 +22,38 @@ def forgot_sgd(n_params, activation_bytes, optimizer="adam"):
     return {"adam": 16}[optimizer] * n_params + activation_bytes
 
 
-def check(fn):
-    return lambda: labs.check_peak_predictor(fn)
-
-
 EX = "01_predict_peak"
 WRONG = [
-    Wrong(EX, "optimizer state left out", check(per_param(8, 8, 8)),
-          ("you left out the optimizer state",)),
-    Wrong(EX, "one Adam moment", check(per_param(8, 12, 12)),
-          ("you counted one moment for adam; it keeps two",)),
-    Wrong(EX, "no momentum buffer", check(per_param(8, 8, 16)),
-          ("you left out the momentum buffer",)),
-    Wrong(EX, "no gradients", check(per_param(4, 8, 12)), ("you left out the gradients",)),
-    Wrong(EX, "2 bytes per value", check(per_param(4, 6, 8)),
-          ("you used 2 bytes per value (fp16/bf16 thinking)",)),
-    Wrong(EX, "bits, not bytes", check(per_param(64, 96, 128)),
-          ("you counted bits, not bytes",)),
-    Wrong(EX, "Adam's state for every optimizer", check(per_param(16, 16, 16)),
-          ("you counted adam's state for every optimizer",)),
-    Wrong(EX, "one copy too many", check(per_param(12, 16, 20)),
-          ("one 4-byte copy per parameter too many",)),
+    Wrong(EX, "optimizer state left out", per_param(8, 8, 8),
+          ("right with sgd", "4 b short with momentum", "8 b short with adam")),
+    Wrong(EX, "one Adam moment", per_param(8, 12, 12),
+          ("right with momentum", "4 b short with adam")),
+    Wrong(EX, "no momentum buffer", per_param(8, 8, 16),
+          ("4 b short with momentum", "right with adam")),
+    Wrong(EX, "no gradients", per_param(4, 8, 12),
+          ("4 b short with sgd, 4 b short with momentum, 4 b short with adam",)),
+    Wrong(EX, "2 bytes per value", per_param(4, 6, 8),
+          ("0.5x the reference's with every optimizer", "2 bytes per value")),
+    Wrong(EX, "bits, not bytes", per_param(64, 96, 128), ("bits, not bytes",)),
+    Wrong(EX, "Adam's state for every optimizer", per_param(16, 16, 16),
+          ("8 b too many with sgd", "4 b too many with momentum", "right with adam")),
+    Wrong(EX, "one copy too many", per_param(12, 16, 20),
+          ("4 b too many with sgd, 4 b too many with momentum, 4 b too many with adam",)),
     Wrong(EX, "an fp32 master copy for Adam only (mixed-precision recipe)",
-          check(per_param(8, 12, 20)), ("master copy", "mixed precision")),
-    Wrong(EX, "only the optimizer state", check(per_param(0, 4, 8)),
-          ("you counted only the optimizer state",)),
-    Wrong(EX, "activations twice", check(per_param(8, 12, 16, activations=2)),
-          ("you counted the activations twice",)),
-    Wrong(EX, "no activations", check(per_param(8, 12, 16, activations=0)),
-          ("you left out the activations",)),
-    Wrong(EX, "the larger of state and activations, not the sum", check(larger_of_the_two),
-          ("you left out the activations",)),
-    Wrong(EX, "MB, not bytes", check(per_param(8, 12, 16, scale=1e-6)),
-          ("you returned mb, not bytes",)),
-    Wrong(EX, "GiB, not bytes", check(per_param(8, 12, 16, scale=2 ** -30)),
-          ("you returned gib, not bytes",)),
-    Wrong(EX, "9 B for sgd (no known pattern)", check(per_param(9, 12, 17)),
-          ("model state with sgd: your formula gives 9 b per parameter",)),
-    Wrong(EX, "a dict with only adam (KeyError)", check(forgot_sgd),
-          ("raised keyerror: 'sgd'",)),
-    Wrong(EX, "returns a string", check(lambda n, a, optimizer="adam": "lots"),
-          ("returned 'lots' (str)", "return the number of bytes")),
+          per_param(8, 12, 20), ("right with sgd, right with momentum, 4 b too many with adam",)),
+    Wrong(EX, "only the optimizer state", per_param(0, 4, 8),
+          ("8 b short with sgd, 8 b short with momentum, 8 b short with adam",)),
+    Wrong(EX, "activations twice", per_param(8, 12, 16, activations=2),
+          ("adds the activations 2 times",)),
+    Wrong(EX, "no activations", per_param(8, 12, 16, activations=0),
+          ("adds the activations 0 times",)),
+    Wrong(EX, "the larger of state and activations, not the sum", larger_of_the_two,
+          ("not the model state plus the activations",)),
+    Wrong(EX, "MB, not bytes", per_param(8, 12, 16, scale=1e-6), ("mb, not bytes",)),
+    Wrong(EX, "GiB, not bytes", per_param(8, 12, 16, scale=2 ** -30), ("gib, not bytes",)),
+    Wrong(EX, "9 B for sgd (no known pattern)", per_param(9, 12, 17),
+          ("1 b too many with sgd", "right with momentum", "1 b too many with adam")),
+    Wrong(EX, "a dict with only adam (KeyError)", forgot_sgd, ("raised keyerror: 'sgd'",)),
+    Wrong(EX, "returns a string", lambda n, a, optimizer="adam": "lots",
+          ("yours 'lots'", "return the number of bytes")),
 ]

@@ -1,18 +1,11 @@
-"""Lab 03's wrong answers, both exercises: ``wrap_ddp`` + ``average_gradient``, and ``Buckets``.
+"""Lab 03's wrong answers, both exercises: ``wrap_ddp`` + ``average_gradient``, and ``Buckets``."""
 
-Answers that train to the end are judged together from one launch per exercise
-(``lab03._check_many``, the code path of ``check_ddp`` and ``check_buckets``, each judged alone);
-answers that raise or hang get a launch each.
-"""
-
-from functools import cache
 from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 
 from fsdp_mini import labs
-from fsdp_mini.labs.lab03 import checks as lab03
 from wrong_answers import Wrong
 
 average_gradient = labs.load_solution("03_ddp_hooks", "average_gradient")
@@ -78,27 +71,6 @@ def forward_hook_wrap(module, comm):
 
 def reverse_on_rank_1(rank, named):
     return named[::-1] if rank == 1 else named
-
-
-DDP_BATCH = {
-    "not dividing": (wrapper(not_divided), not_divided),
-    "averaging twice": (wrapper(divided_twice), divided_twice),
-    "weights": (wrapper(reduces_weights), reduces_weights),
-    "no broadcast": (wrapper(average_gradient, broadcast=False), average_gradient),
-    "hooked twice": (wrapper(average_gradient, hooks=2), average_gradient),
-    "a copy": (wrapper(reduces_a_copy), reduces_a_copy),
-    "no wait": (wrapper(never_waits), never_waits),
-}
-
-
-@cache
-def _ddp_judged():
-    results = lab03._check_many(list(DDP_BATCH.values()), 2, 20, **lab03.DDP)
-    return dict(zip(DDP_BATCH, results))
-
-
-def ddp(key):
-    return lambda: _ddp_judged()[key].finish()
 
 
 # -- exercise 2: buckets ------------------------------------------------------------------------
@@ -229,76 +201,34 @@ class Rank1SkipsABucket(Buckets):
         super().grad_ready(param)
 
 
-BUCKET_BATCH = (NotWaited, NotDivided, DividedTwice, NotCopiedBack, AllAtTheEnd, NoReset,
-                Blocking, WaitsAtOnce, PerParameter, Early)
-
-
-@cache
-def _buckets_judged():
-    return dict(zip(BUCKET_BATCH, lab03._check_many(list(BUCKET_BATCH), 2, 20, **lab03.BUCKETS)))
-
-
-def bucketed(cls):
-    return lambda: _buckets_judged()[cls].finish()
-
-
-N_PARAMS = len(list(lab03.make_model(lab03.TINY).parameters()))
 DDP, BUCKETS = "03_ddp_hooks", "03_buckets"
 WRONG = [
-    Wrong(DDP, "sum not divided by N", ddp("not dividing"),
-          ("gradients are 2.00x too large: did you divide by the world size?",)),
-    Wrong(DDP, "divided by N twice", ddp("averaging twice"),
-          ("gradients are 2.00x too small: did you average twice?",)),
-    Wrong(DDP, "all-reduces the weights", ddp("weights"),
-          ("you all-reduced the weights, not the gradients",)),
-    Wrong(DDP, "no broadcast of rank 0's weights", ddp("no broadcast"),
-          ("rank 1 starts from other weights than rank 0",)),
-    Wrong(DDP, "two hooks per parameter", ddp("hooked twice"),
-          ("each rank sent 222,720 b", "(2.00x)")),
-    Wrong(DDP, "all-reduces param.grad.clone()", ddp("a copy"),
-          ("a copy of the gradient", "in place on the tensor you pass")),
-    Wrong(DDP, "async_op=True, never waited", ddp("no wait"),
-          ("async_op=true", "never waited")),
-    Wrong(DDP, "rank 1 skips the biases",
-          lambda: labs.check_ddp(wrapper(rank1_skips_biases), rank1_skips_biases),
-          ("the ranks issued different collectives",)),
+    Wrong(DDP, "sum not divided by N", (wrapper(not_divided), not_divided), ("gradient in step 1", "2x", "right with world size 1", "n times too large", "divide the sum by the world size")),
+    Wrong(DDP, "divided by N twice", (wrapper(divided_twice), divided_twice), ("gradient in step 1", "0.5x", "n times too small", "divided by n twice")),
+    Wrong(DDP, "all-reduces the weights", (wrapper(reduces_weights), reduces_weights), ("yours 'a weight'", "not its gradient")),
+    Wrong(DDP, "no broadcast of rank 0's weights",
+          (wrapper(average_gradient, broadcast=False), average_gradient), ("rank 1's weights after wrapping", "right with world size 1", "broadcast each parameter from rank 0")),
+    Wrong(DDP, "two hooks per parameter", (wrapper(average_gradient, hooks=2), average_gradient),
+          ("more all-reduces than the reference", "one hook per parameter")),
+    Wrong(DDP, "all-reduces param.grad.clone()", (wrapper(reduces_a_copy), reduces_a_copy), ("yours 'a copy'", "all-reduced a copy of the gradient", "works in place")),
+    Wrong(DDP, "async_op=True, never waited", (wrapper(never_waits), never_waits), ("never waited for", "async_op=true")),
+    Wrong(DDP, "rank 1 skips the biases", (wrapper(rank1_skips_biases), rank1_skips_biases), ("collectivemismatcherror", "rank 0 issues all_reduce", "but rank 1 issues", "same ones in the same order")),
     Wrong(DDP, "rank 1 broadcasts its parameters in reverse order",
-          lambda: labs.check_ddp(wrapper(average_gradient, order=reverse_on_rank_1),
-                                 average_gradient),
-          ("the ranks issued different collectives", "same order")),
-    Wrong(DDP, "averages in a forward hook",
-          lambda: labs.check_ddp(forward_hook_wrap, average_gradient),
-          ("the all-reduce ran before backward produced the gradient (a forward hook?)",)),
+          (wrapper(average_gradient, order=reverse_on_rank_1), average_gradient), ("collectivemismatcherror", "rank 0 issues broadcast 'sync/0.weight'", "but rank 1 issues broadcast 'sync/2.bias'", "in the same order")),
+    Wrong(DDP, "averages in a forward hook", (forward_hook_wrap, average_gradient), ("nonetype", "a gradient was still none", "register_post_accumulate_grad_hook")),
     Wrong(DDP, "only rank 0 all-reduces, with dist (hang)",
-          lambda: labs.check_ddp(wrapper(rank0_only_with_dist), rank0_only_with_dist, timeout=2),
-          ("waited 2 s for a message or collective that never came",)),
-    Wrong(BUCKETS, "reads each sum without handle.wait()", bucketed(NotWaited),
-          ("5 all-reduce(s) per step were not waited for in backward_done",)),
-    Wrong(BUCKETS, "sum not divided by N", bucketed(NotDivided),
-          ("gradients are 2.00x too large: did you divide by the world size?",)),
-    Wrong(BUCKETS, "divided by N twice", bucketed(DividedTwice),
-          ("gradients are 2.00x too small: did you average twice?",)),
-    Wrong(BUCKETS, "the average never copied back into .grad", bucketed(NotCopiedBack),
-          ("not averaged", "every bucket was all-reduced", "copy it back into each p.grad")),
-    Wrong(BUCKETS, "every bucket launched in backward_done", bucketed(AllAtTheEnd),
-          ("every bucket was launched in backward_done, after autograd had finished",)),
-    Wrong(BUCKETS, "counters not reset after a step", bucketed(NoReset),
-          ("your buckets launch right in the first step but not later: step 2 made 0 "
-           "all-reduce(s) for 5 buckets", "reset what you count in backward_done")),
-    Wrong(BUCKETS, "blocking all-reduces (no async_op)", bucketed(Blocking),
-          ("your all-reduces block (async_op=false)",)),
-    Wrong(BUCKETS, "waits for each bucket at once", bucketed(WaitsAtOnce),
-          ("you waited for each bucket right after launching it",)),
-    Wrong(BUCKETS, "one all-reduce per gradient, no buckets", bucketed(PerParameter),
-          (f"{N_PARAMS} all-reduce(s) in the first step for 5 buckets",
-           "one all-reduce of one flat tensor (torch.cat) per bucket")),
-    Wrong(BUCKETS, "launched when half full (zeros for the rest)", bucketed(Early),
-          ("was all-reduced when only",)),
-    Wrong(BUCKETS, "launched one gradient early (off by one)", lambda: labs.check_buckets(OffByOne),
-          ("a gradient was still none: launch a bucket once every gradient in it",)),
-    Wrong(BUCKETS, "rank 1 skips a bucket", lambda: labs.check_buckets(Rank1SkipsABucket),
-          ("the ranks issued different collectives",)),
-    Wrong(BUCKETS, "rank 1 launches its buckets in reverse order",
-          lambda: labs.check_buckets(ReversedOnRank1),
-          ("the ranks issued different collectives", "same order")),
+          (wrapper(rank0_only_with_dist), rank0_only_with_dist), ("yours '0 of them'", "nothing through the comm they were given", "comm.all_reduce")),
+    Wrong(BUCKETS, "reads each sum without handle.wait()", NotWaited, ("['waited']: yours false", "not waited for by the end of backward_done")),
+    Wrong(BUCKETS, "sum not divided by N", NotDivided, ("gradient in step 1", "2x", "right with world size 1", "n times too large", "divide the sum by the world size")),
+    Wrong(BUCKETS, "divided by N twice", DividedTwice, ("gradient in step 1", "0.5x", "n times too small", "divided by n twice")),
+    Wrong(BUCKETS, "the average never copied back into .grad", NotCopiedBack, ("right with world size 1", "the ranks hold different gradients", "not averaged")),
+    Wrong(BUCKETS, "every bucket launched in backward_done", AllAtTheEnd, ("['in_hook']: yours false", "launched in backward_done, after autograd had finished")),
+    Wrong(BUCKETS, "counters not reset after a step", NoReset, ("bucket all-reduces in step 2", "yours has none", "right in the first step, not in later ones", "reset what you count")),
+    Wrong(BUCKETS, "blocking all-reduces (no async_op)", Blocking, ("['async']: yours false", "blocking all-reduces", "async_op=true")),
+    Wrong(BUCKETS, "waits for each bucket at once", WaitsAtOnce, ("['overlapped']: yours false", "waited for each bucket right after launching it")),
+    Wrong(BUCKETS, "one all-reduce per gradient, no buckets", PerParameter, ("4 all-reduces for 3 buckets", "one all-reduce per bucket")),
+    Wrong(BUCKETS, "launched when half full (zeros for the rest)", Early, ("['full']: yours false", "before every gradient in it was ready")),
+    Wrong(BUCKETS, "launched one gradient early (off by one)", OffByOne, ("a gradient was still none", "a bucket once every gradient in it has arrived")),
+    Wrong(BUCKETS, "rank 1 skips a bucket", Rank1SkipsABucket, ("collectivemismatcherror", "rank 0 issues all_reduce 'bucket0'", "but rank 1 issues all_reduce 'bucket1'")),
+    Wrong(BUCKETS, "rank 1 launches its buckets in reverse order", ReversedOnRank1, ("['in_hook']: yours false", "launched in backward_done")),
 ]

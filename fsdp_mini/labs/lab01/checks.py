@@ -10,189 +10,159 @@ Everything runs in the calling process: one device needs no ranks.
 
 from __future__ import annotations
 
-import math
-
-import torch
-
 from ...models import GPTConfig, make_model
 from ...telemetry.units import fmt_bytes
-from ..common.exercise import not_written_yet
-from ..common.report import CheckResult
-
+from ..common.differential import Check, Hint, near, spread
+from ..common.exercise import load_solution, not_written_yet
+from ..common.report import CheckResult, verdict_of_check
 from .runs import (OPTIMIZERS, at_peak_named, draw_timeline, make_optimizer, measure_step,
                    peak_phase, snapshot_table)
 
 __all__ = ["OPTIMIZERS", "at_peak_named", "check_peak_predictor", "draw_timeline",
            "make_optimizer", "measure_step", "peak_phase", "snapshot_table"]
 
-
-# -- the checker of the exercise -------------------------------------------------------------
-
-TOLERANCE = 0.01  # see check_peak_predictor's docstring
-_PATTERNS = (  # (bytes per parameter for sgd, momentum, adam), what went wrong, hint
-    ((8, 8, 8), "you left out the optimizer state",
-     "Adam keeps two moments per parameter (m and v, 4 B each); SGD with momentum keeps one"),
-    ((8, 12, 12), "you counted one moment for Adam; it keeps two",
-     "Adam stores m (the mean of gradients) and v (the mean of squared gradients): 8 B"),
-    ((8, 8, 16), "you left out the momentum buffer of SGD with momentum (4 B per parameter)", ""),
-    ((4, 8, 12), "you left out the gradients (or the parameters): each is 4 B per parameter",
-     "after backward every parameter has a .grad of its own size"),
-    ((16, 16, 16), "you counted Adam's state for every optimizer: plain SGD keeps none",
-     "did your function ignore its optimizer argument?"),
-    ((0, 4, 8), "you counted only the optimizer state", "add the parameters and the gradients"),
-    ((8, 12, 20), "you counted an fp32 master copy of the weights for Adam: that belongs to "
-     "mixed precision (bf16 weights, fp32 master); in this fp32 step the parameters are the "
-     "master", "Adam here: parameters 4 B + gradients 4 B + m and v 8 B = 16 B"),
-    ((12, 16, 20), "you counted one 4-byte copy per parameter too many",
-     "parameters 4 B + gradients 4 B + optimizer state (0, 4 or 8 B)"),
-)
-_SCALES = ((0.5, "you used 2 bytes per value (fp16/bf16 thinking); this step is fp32: 4 B each"),
-           (8, "you counted bits, not bytes (32 bits = 4 bytes)"),
-           *((scale, f"you returned {unit}, not bytes") for scale, unit in (
-               (1e-3, "kB"), (1e-6, "MB"), (1e-9, "GB"), (2 ** -10, "KiB"), (2 ** -20, "MiB"),
-               (2 ** -30, "GiB"))))
+VALUE = 4  # bytes of one fp32 value: a parameter, a gradient, a moment
+HOLDS = {"sgd": "the parameter and its gradient", "momentum": "the parameter, its gradient and "
+         "one momentum value", "adam": "the parameter, its gradient and Adam's two moments m, v"}
+UNITS = {0.5: "2 bytes per value: this step is fp32, 4 bytes each", 8: "bits, not bytes",
+         1e-3: "kB, not bytes", 1e-6: "MB, not bytes", 1e-9: "GB, not bytes",
+         2**-10: "KiB, not bytes", 2**-20: "MiB, not bytes", 2**-30: "GiB, not bytes"}
 
 
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= TOLERANCE * abs(b)
+def _predict(fn, cfg, record) -> None:
+    value = fn(cfg["n_params"], cfg["activation_bytes"], cfg["optimizer"])
+    if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
+        value = value.item()
+    record.see("bound", value)
 
 
-def _fmt(values) -> str:
-    return "(" + ", ".join(f"{v:.3g}" for v in values) + ")"
-
-
-def _measure_configs(config: GPTConfig, device) -> list[dict]:
-    """The steps the checker measures: three models, three batch sizes, three optimizers."""
-    cases = ((GPTConfig.tiny(), 2, "sgd"),
-             (GPTConfig.tiny(n_layer=3, n_embd=48, n_head=4), 8, "momentum"), (config, 4, "adam"))
-    out = []
-    for cfg, batch, opt in cases:
-        mem = measure_step(cfg, batch, optimizer=opt, device=device)
-        peaks = mem.peak_by_category
-        n = make_model(cfg).num_params()
-        out.append({"what": f"GPT of {n:,} parameters, batch {batch}, {opt}", "n": n,
-                    "optimizer": opt, "activations": peaks["activations"],
-                    "state": peaks["params"] + peaks["grads"] + peaks["optimizer_state"],
-                    "peak": mem.own_peak_bytes, "phase": peak_phase(mem)})
+def _per_parameter(d) -> dict:
+    """Bytes per parameter of the answer beyond the reference's, by optimizer, without
+    activations (the model state): {"sgd": 0.0, "momentum": -4.0, ...}."""
+    out = {}
+    for cfg, m, w in d.pairs("bound"):
+        if cfg["activation_bytes"] == 0 and cfg["n_params"] >= 1000 and _number(m):
+            out.setdefault(cfg["optimizer"], (m - w) / cfg["n_params"])
     return out
 
 
-def _call(fn, result: CheckResult, *args):
-    """fn(*args) as a float, or None after a ✘ line saying what went wrong."""
-    call = f"predict_peak{args}"
-    try:
-        value = fn(*args)
-    except Exception as exc:  # the learner's code: any error becomes one line
-        result.wrong(f"{call} raised {type(exc).__name__}: {exc}",
-                     hint=f"n_params and activation_bytes are numbers; optimizer: {OPTIMIZERS}")
-        return None
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, (bool, str, bytes)) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value):
-        result.wrong(f"{call} returned {value!r} ({type(value).__name__})",
-                     hint="return the number of bytes, an int or a float")
-        return None
-    return float(value)
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _diagnose_state(per_param: dict, measured: dict, result: CheckResult):
-    """Compare the learner's bytes per parameter (no activations) with the measured ones.
-
-    Returns (right, scale): ``scale`` is the factor of a units mistake (MB for bytes...) that
-    scales the whole answer, activations included, else None."""
-    if all(_close(per_param[o], measured[o]) for o in OPTIMIZERS):
-        for o in OPTIMIZERS:
-            result.ok(f"model state with {o}: {per_param[o]:.1f} B per parameter, as measured")
-        return True, None
-    got = tuple(per_param[o] for o in OPTIMIZERS)
-    versus = (f"(your formula: {_fmt(got)} B per parameter for sgd, momentum, adam; "
-              f"measured: {_fmt(measured[o] for o in OPTIMIZERS)})")
-    for pattern, message, hint in _PATTERNS:
-        if all(_close(g, p) for g, p in zip(got, pattern)):
-            result.wrong(f"{message} {versus}", hint)
-            return False, None
-    ratios = [per_param[o] / measured[o] for o in OPTIMIZERS]
-    for scale, message in _SCALES:
-        if all(_close(r, scale) for r in ratios):
-            result.wrong(f"{message} {versus}")
-            return False, (scale if scale < 0.5 else None)
-    for o in OPTIMIZERS:
-        result.check(_close(per_param[o], measured[o]),
-                     f"model state with {o}: {per_param[o]:.1f} B per parameter, as measured",
-                     f"model state with {o}: your formula gives {per_param[o]:.3g} B per "
-                     f"parameter, measured {measured[o]:.3g}",
-                     hint="parameters 4 B + gradients 4 B + optimizer state per parameter")
-    return False, None
+def _state_words(d) -> str:
+    extra, scale = _per_parameter(d), _state_scale(d)
+    if not extra:
+        return ""
+    if scale is not None and near(scale, next((k for k in UNITS if near(scale, k)), 0)):
+        return (f"your model state is {scale:g}x the reference's with every optimizer: "
+                f"{next(w for k, w in UNITS.items() if near(scale, k))}")
+    parts = [("right" if abs(e) < 0.01 else f"{abs(e):.3g} B {'too many' if e > 0 else 'short'}")
+             + f" with {o}" for o, e in extra.items()]
+    return (f"per parameter, your model state is {', '.join(parts)}. It is {VALUE} B per fp32 "
+            f"value kept: sgd keeps {HOLDS['sgd']}, momentum {HOLDS['momentum']}, adam "
+            f"{HOLDS['adam']}")
 
 
+def _state_scale(d) -> float | None:
+    """yours / the reference's model state (no activations) where that is one number for every
+    optimizer and size."""
+    ratios = [m / w for cfg, m, w in d.pairs("bound") if cfg["activation_bytes"] == 0
+              and _number(m) and w]
+    return ratios[0] if ratios and all(near(r, ratios[0]) for r in ratios) else None
+
+
+def _activation_factors(d) -> list[float]:
+    """How many times the answer adds the activation bytes (the reference: once), per model
+    size and optimizer."""
+    rows = {}
+    for cfg, m, _ in d.pairs("bound"):
+        rows.setdefault((cfg["n_params"], cfg["optimizer"]), {})[cfg["activation_bytes"]] = m
+    return [(by_a[max(by_a)] - by_a[0]) / max(by_a) for by_a in rows.values()
+            if 0 in by_a and max(by_a) and all(map(_number, by_a.values()))]
+
+
+def _activation_words(d) -> str:
+    factors = _activation_factors(d)
+    if max(factors) - min(factors) < 0.01:
+        return (f"your bound adds the activations {factors[0]:.3g} times; they are alive once "
+                f"(saved in forward, freed in backward): add activation_bytes once")
+    return ("your bound is not the model state plus the activations: how much it grows with "
+            "activation_bytes depends on the model's size. A bound adds up what can be alive "
+            "at once: the model state, and the activations once")
+
+
+HINTS = [
+    Hint(lambda d: d.raised is not None, "n_params and activation_bytes are numbers (bytes); "
+         "optimizer is one of 'sgd', 'momentum', 'adam'"),
+    Hint(lambda d: not _number(d.mine),
+         "return the number of bytes, an int or a float"),
+    Hint(lambda d: any(near(d.ratio, k) for k in UNITS) and all(
+        near(r, d.ratio) for r in _ratios(d)),
+         lambda d: "every answer is {:g}x the reference's: {}".format(
+             d.ratio, next(w for k, w in UNITS.items() if near(d.ratio, k)))),
+    Hint(lambda d: d.config["activation_bytes"] == 0 or any(
+        abs(e) >= 0.01 for e in _per_parameter(d).values()), _state_words),
+    Hint(lambda d: any(not near(f, 1, 0.01) for f in _activation_factors(d)), _activation_words),
+]
+
+
+def _ratios(d):
+    return [m / w for _, m, w in d.pairs("bound") if _number(m) and w]
+
+
+CHECK = Check(
+    "your upper bound of the peak memory", _predict,
+    configs=spread(n_params=[1, 1000, 27_840, 3_200_000], activation_bytes=[0, 4096, 1_234_567],
+                   optimizer=list(OPTIMIZERS)),
+    tolerance={"bound": 1e-9}, hints=HINTS,
+    words={"bound": "predict_peak(n_params, activation_bytes, optimizer)"},
+    agreed="the model state (4 B per value kept: parameters, gradients, optimizer state) plus "
+           "the activations once, as the reference, for every optimizer and size")
+
+
+def _reference():
+    return load_solution("01_predict_peak", "predict_peak")
+
+
+# What tests/wrong_answers/ judges many answers with: the check of the exercise, one batch
+JUDGES = {"01_predict_peak": lambda answers: CHECK.judge_many(answers, _reference())}
+
+
+@verdict_of_check
 def check_peak_predictor(fn, config: GPTConfig | None = None, device="cpu") -> CheckResult:
-    """Check ``fn(n_params, activation_bytes, optimizer)``: an upper bound of the peak bytes of
-    one fp32 step, the model state plus the activations (what a memory planner budgets).
-
-    The checker measures three steps with ``measure_step`` (the tiny GPT with SGD, a wider one
-    with momentum, ``config`` with Adam; ``config`` defaults to the tiny GPT) and calls ``fn``
-    with each model's parameter count and the peak of its "activations" category:
-
-    - the model state, ``fn(n, 0, optimizer)``, must be the measured parameters + gradients +
-      optimizer state, within ``TOLERANCE`` = 1 %. The formula leaves out only Adam's step
-      counters (4 B per parameter tensor, 0.02 % of the tiny GPT's state); a mistake is 25 %
-      off or more (a 4-byte value out of 16);
-    - ``fn(n, A, optimizer) - fn(n, 0, optimizer)`` must be ``A``, within 1 %;
-    - then the bound must not be below the measured peak (no category is ever above its own
-      peak). How far above it is is reported, not judged: the true peak is lower, because the
-      gradients appear while backward frees the activations.
-
-    A wrong answer is named when it matches a known mistake (the optimizer state left out, one
-    Adam moment, no gradients, 2 bytes per value, activations counted twice, MB not bytes...).
-    """
-    result = CheckResult("your upper bound of the peak memory")
+    """Check ``fn(n_params, activation_bytes, optimizer)``, an upper bound of the peak bytes of
+    one fp32 step (the model state plus the activations), against the reference on 36
+    configurations (parameter counts from 1 to 3.2 M, no activations or some, each optimizer);
+    then measure ``config``'s step (the tiny GPT by default) and say how far above its peak the
+    bound is: the true peak is lower, because the gradients appear while backward frees the
+    activations."""
+    result = CheckResult(CHECK.what)
     if not_written_yet(fn):
-        result.wrong("predict_peak is not written yet: write its body in the cell above",
-                     hint="labs.show_solution('01_predict_peak') shows one way")
-        return result.finish()
-    cases = _measure_configs(config or GPTConfig.tiny(), device)
-    measured = {c["optimizer"]: c["state"] / c["n"] for c in cases}
-    per_param = {}
-    for c in cases:
-        state = _call(fn, result, c["n"], 0, c["optimizer"])
-        if state is None:
-            return result.finish()
-        per_param[c["optimizer"]] = state / c["n"]
-    state_ok, scale = _diagnose_state(per_param, measured, result)
-    activations_ok = True
-    for c in cases:
-        total = _call(fn, result, c["n"], c["activations"], c["optimizer"])
-        if total is None:
-            return result.finish()
-        added = (total - per_param[c["optimizer"]] * c["n"]) / c["activations"]
-        c["predicted"] = total
-        if scale is not None and _close(added, scale):
-            activations_ok = False  # the units mistake, already named
-        elif not _close(added, 1.0):
-            activations_ok = False
-            what = ("you counted the activations twice" if _close(added, 2.0) else
-                    "you left out the activations" if abs(added) < TOLERANCE else
-                    f"your bound grows by {added:.3g} x the activation bytes")
-            result.wrong(f"{what} ({c['what']})",
-                         hint="the activations are alive once: saved in forward, freed in "
-                              "backward; add activation_bytes once")
-            break
-    if activations_ok:
-        result.ok("activation_bytes added once, as measured")
-    why = {"backward": " (the true peak is lower: the gradients appear while backward frees the "
-                       "activations)",
-           "step": " (the true peak is lower: it is in optimizer.step(), when the activations "
-                   "are freed and only the step's temporaries are alive)"}
-    told = set()
-    for c in cases if state_ok and activations_ok else []:
-        said = "" if c["phase"] in told else why.get(c["phase"], "")
-        told.add(c["phase"])
-        result.check(c["predicted"] >= c["peak"] * (1 - TOLERANCE),
-                     f"{c['what']}: your bound {fmt_bytes(c['predicted'])} is "
-                     f"{c['predicted'] / c['peak'] - 1:.0%} above the measured peak "
-                     f"{fmt_bytes(c['peak'])}, in {c['phase']}" + said,
-                     f"{c['what']}: your bound {fmt_bytes(c['predicted'])} is below the measured "
-                     f"peak {fmt_bytes(c['peak'])}: a bound must not be")
-    result.facts["cases"] = cases
+        return result.wrong("predict_peak is not written yet: write its body in the cell above",
+                            hint="labs.show_solution('01_predict_peak') shows one way").finish()
+    CHECK(fn, _reference(), result)
+    if result.passed:
+        _measured(fn, config or GPTConfig.tiny(), device, result)
     return result.finish()
+
+
+WHY_LOWER = {"backward": "the gradients appear while backward frees the activations",
+             "step": "it is in optimizer.step(), when the activations are freed and only the "
+                     "step's temporaries are alive"}
+
+
+def _measured(fn, config, device, result) -> None:
+    """The lab's own step: the bound beside the measured peak (a bound must not be below it)."""
+    mem = measure_step(config, 4, optimizer="adam", device=device)
+    n = make_model(config).num_params()
+    bound = fn(n, mem.peak_by_category["activations"], "adam")
+    phase, what = peak_phase(mem), f"the GPT of {n:,} parameters, batch 4, adam"
+    result.check(bound >= mem.own_peak_bytes * 0.99,
+                 f"{what}: your bound {fmt_bytes(bound)} is {bound / mem.own_peak_bytes - 1:.0%} "
+                 f"above the measured peak {fmt_bytes(mem.own_peak_bytes)}, in {phase} (the true "
+                 f"peak is lower: {WHY_LOWER.get(phase, 'not everything is alive at once')})",
+                 f"{what}: your bound {fmt_bytes(bound)} is below the measured peak "
+                 f"{fmt_bytes(mem.own_peak_bytes)}: a bound must not be")
+    result.facts["cases"] = [{"what": what, "n": n, "predicted": bound,
+                              "peak": mem.own_peak_bytes, "phase": phase}]

@@ -1,289 +1,301 @@
 """Lab 03, DDP from scratch: your gradient hook, then your buckets, each plugged into the kit as a
 strategy (``labs.ddp_strategy(wrap_ddp)``, ``labs.bucketed_ddp_strategy(Buckets)``), so the
-ledger, the dashboard and the parity checks work on them. The checkers train the tiny GPT on N
-ranks, rank r built with seed r (wrapping must broadcast rank 0's weights), with SGD + momentum
-(linear in the gradient: a wrong scale shows) and AdamW (scale-invariant: it hides one), against
-one process on the whole batch and against ``torch.nn.parallel.DistributedDataParallel``.
+ledger, the dashboard and the checks work on them.
+
+Both checks train your strategy beside the reference solution's on 1 to 4 ranks (rank r builds
+its net with seed r: wrapping must broadcast rank 0's weights), on small nets of odd sizes and on
+the lab's GPT, with SGD + momentum (linear in the gradient: a wrong scale shows) and AdamW, for
+four steps, and compare every step: the start, the weights after backward, the gradients, the
+collectives, the weights after the step; for the buckets also when each all-reduce was launched
+and waited for, and the memory still alive after each step.
 """
 
 from __future__ import annotations
 
-from functools import partial
-
-import torch
-
-from ...launcher import LaunchError, launch
+from ...comm.ledger import ring_bytes
 from ...models import GPTConfig, SyntheticText, make_model
-from ...training import train
-from ..common.checking import explain_failure, forget_logs
-from ..common.exercise import not_written_yet
-from ..common.report import CheckResult
+from ..common.differential import Check, Config, Hint, near, spread
+from ..common.exercise import load_solution, not_written_yet
+from ..common.observing import (OPTIMIZERS, batches_for, observe_memory, observe_training,
+                                small_net)
+from ..common.report import CheckResult, verdict_of_check
 from .scaffold import bucketed_ddp_strategy, ddp_strategy
 
 __all__ = ["bucketed_ddp_strategy", "check_buckets", "check_ddp", "ddp_strategy"]
 
-CHECK_STEPS, TINY, SGD = 2, GPTConfig.tiny(), "SGD with momentum"  # what every check trains
-OPTIMIZERS = {SGD: partial(torch.optim.SGD, lr=0.05, momentum=0.9),
-              "AdamW": partial(torch.optim.AdamW, lr=1e-3)}
+STEPS = 4
+SGD = "SGD+momentum"
 
 
-def _config(model: str) -> GPTConfig:
-    return TINY if model == "tiny" else GPTConfig()
+def _net(cfg, rank):
+    """(net built with seed ``rank``, this rank's batches, the loss) for the configuration."""
+    n = cfg["world_size"]
+    if cfg["net"] in ("tiny", "default"):
+        gpt = GPTConfig.sized(cfg["net"])
+        data = SyntheticText(gpt.vocab_size, gpt.block_size)
+        return (make_model(gpt, seed=rank), lambda step: data.local_batch(step, 4 * n, rank, n),
+                lambda net, x, y: net(x, y)[1])
+    from ..common.observing import mse
+    return small_net(cfg["net"], seed=rank), batches_for(cfg["net"], rank, n), mse
 
 
-def _batches(rank, world_size, global_batch, config=TINY):
-    data = SyntheticText(config.vocab_size, config.block_size)
-    return lambda step: data.local_batch(step, global_batch, rank, world_size)
-
-
-def _train(model, opt, batches, steps) -> dict:
-    """Train; return the start, each step's gradients and bytes sent (this rank), the end."""
-    run = {"start": {k: v.clone() for k, v in model.state_dict().items()}, "grads": [], "sent": []}
-    opt.register_step_pre_hook(lambda *_: run["grads"].append(
-        {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-    ours = getattr(model, "fsdp_mini", None)
-    for step in range(steps):  # Note: one at a time, so that a step that sends nothing shows 0 B
-        if ours is not None:
-            ours.watch.step, before = step + 1, ours.comm.ledger.sent_bytes()
-        train(model, opt, lambda _, step=step: batches(step), 1)
-        run["sent"].append(ours.comm.ledger.sent_bytes() - before if ours else 0.0)
-    return {**run, "state": model.state_dict()}
-
-
-def _train_on_rank(rank, world_size, classes, steps, with_torch_ddp, model="tiny"):
-    """Train under each strategy class with each optimizer, from a rank-dependent start."""
+def _train(strategy, cfg, record) -> None:
     from ...api import parallelize
-    config = _config(model)
-    out, batches = {"runs": []}, _batches(rank, world_size, 4 * world_size, config)
-    for cls in classes:
-        out["runs"].append({})
-        for opt_name, optimizer in OPTIMIZERS.items():
-            net = make_model(config, seed=rank)  # Note: on purpose, not rank 0's
-            net, opt = parallelize(net, cls, optimizer=optimizer, check_collectives=True)
-            out["runs"][-1][opt_name] = {**_train(net, opt, batches, steps),
-                                         "notes": net.fsdp_mini.watch.notes,
-                                         "expected": net.fsdp_mini.sent_bytes_per_step(),
-                                         "buckets": len(getattr(net.fsdp_mini, "buckets", []))}
-    if with_torch_ddp:
-        from torch.nn.parallel import DistributedDataParallel
-        net = DistributedDataParallel(make_model(config, seed=0))
-        train(net, OPTIMIZERS[SGD](net.parameters()), batches, steps)
-        out["torch_ddp"] = net.module.state_dict()
-    out["reference"] = _reference(steps, world_size, config) if rank == 0 else None  # 1 thread
-    return out
+    for memory in (False, True) if cfg["optimizer"] == SGD else (False,):
+        net, batch, loss = _net(cfg, record.rank)
+        made = strategy(cfg) if callable(strategy) and not isinstance(strategy, type) else strategy
+        net, opt = parallelize(net, made, optimizer=OPTIMIZERS[cfg["optimizer"]],
+                               check_collectives=True)
+        if memory:
+            observe_memory(record, net, opt, batch, STEPS, loss)
+        else:
+            watch = net.fsdp_mini.watch
+            observe_training(record, net, opt, batch, STEPS, loss,
+                             each_step=lambda step: setattr(watch, "step", step))
+            notes = watch.notes
+            for step in range(1, STEPS + 1) if not hasattr(net.fsdp_mini, "buckets") else ():
+                record.see("reduced", sorted(_what_was_reduced(n) for n in notes
+                                             if n["step"] == step), step=step)
+            for step, launched in _launches(notes).items():
+                record.see("launches", launched, step=step)
 
 
-def _reference(steps, world_size, config=TINY) -> dict:
-    """Single-process training on the whole global batch, from rank 0's weights."""
-    models = {name: make_model(config, seed=0) for name in OPTIMIZERS}
-    return {name: _train(m, OPTIMIZERS[name](m.parameters()),
-                         _batches(0, 1, 4 * world_size, config),
-                         steps) for name, m in models.items()}
+def _what_was_reduced(note) -> str:
+    """What a hook handed to all_reduce, as the scaffold saw it."""
+    if note["weights"]:
+        return "a weight"
+    if not note["of_grad"]:
+        return "a copy"
+    return "a gradient" if note["waited"] else "a gradient, never waited for"
 
 
-def _vec(d: dict, keys) -> torch.Tensor:
-    return torch.cat([d[k].double().flatten() for k in keys])
+def _launches(notes) -> dict:
+    """The all-reduces of each step as the scaffold saw them launched and waited for."""
+    out = {}
+    for n in notes:
+        if n["step"] > 0 and "bucket" in n:
+            out.setdefault(n["step"], []).append({
+                "bucket": n["bucket"], "full": n["ready"] == n["of"], "in_hook": n["in_hook"],
+                "async": n["async"], "overlapped": n["hidden"],
+                "waited": n.get("waited_in_time", n["waited"])})
+    return {s: sorted(v, key=lambda d: str(d["bucket"])) for s, v in out.items()}
 
 
-def _rel(a: dict, b: dict) -> float:  # ||a - b|| / ||b|| over b's tensors (inf if a lacks one)
-    return float("inf") if any(k not in a for k in b) else float(
-        (_vec(a, b) - _vec(b, b)).norm() / _vec(b, b).norm())
+def _configs(world_size: int, model: str) -> list[Config]:
+    return spread(world_size=[1, 2, 3, 4], net=["mlp", "twins"], optimizer=[SGD, "AdamW"]) + \
+        spread(world_size=[world_size], net=[model], optimizer=[SGD, "AdamW"])
 
 
-def _explain_launch(result, err, timeout, hang_hint, none_hint) -> None:
-    msg = str(err.message)
-    if str(err.exc_type).endswith("CollectiveMismatchError"):
-        result.wrong("the ranks issued different collectives: " + msg.split(". Every")[0],
-                     hint="every rank must all-reduce every gradient, the same ones in the "
-                          "same order; a rank that skips one leaves the others waiting (a hang)")
-    else:  # Note: a None in the message is nearly always a gradient that does not exist yet
-        explain_failure(result, err, timeout, hang_hint, none_hint if "None" in msg else None)
+def _ratios(d) -> list[tuple[int, float]]:
+    """(N, yours / the reference's) of rank 0's first gradients, where they differ."""
+    return [(cfg["world_size"], r) for cfg, m, w in d.pairs("grads", step=1)
+            if (r := _ratio(m, w)) and r > 0]
 
 
-def _judge(result, ranks, world_size, ref, config=TINY) -> None:
-    """The lines both checkers share: start, what was reduced, gradients, parity, bytes."""
-    start, runs = make_model(config, seed=0).state_dict(), [out["runs"] for out in ranks]
-    off = [r for r, run in enumerate(runs) if _rel(run["AdamW"]["start"], start)]
-    result.check(not off, "every rank starts from rank 0's weights (rank r was built with seed r)",
-                 f"rank {off[0] if off else 0} starts from other weights than rank 0",
-                 "broadcast each parameter from rank 0 when wrapping: comm.broadcast(p.data, "
-                 "label='sync', src=0)")
-    if any(n["weights"] for run in runs for n in run[SGD]["notes"] if n["step"] > 0):
-        result.wrong("you all-reduced the weights, not the gradients",
-                     hint="the hook receives the parameter; its gradient is param.grad")
-    k = runs[0][SGD]["buckets"]  # Note: 0 for the DDP exercise
-    all_out = [sum(n["step"] == s + 1 for n in runs[0][SGD]["notes"]) == k > 0
-               for s in range(CHECK_STEPS)]
-    scaled = _judge_grads(result, [run[SGD]["grads"] for run in runs], world_size,
-                          ref[SGD]["grads"], all_out)
-    for opt_name in OPTIMIZERS:
-        e = max(_rel(run[opt_name]["state"], ref[opt_name]["state"]) for run in runs)
-        result.check(e <= 1e-5, f"after {CHECK_STEPS} steps of {opt_name} the weights match "
-                                f"single-process training (relative difference {e:.1e})",
-                     f"after {CHECK_STEPS} steps of {opt_name} the weights differ from single-"
-                     f"process training by {e:.1e}", "Adam divides by the gradient's size, so it "
-                     "hides a wrong scale that SGD shows" if scaled and opt_name == SGD else "")
-    if ranks[0]["torch_ddp"] is not None:
-        e = max(_rel(run[SGD]["state"], out["torch_ddp"]) for run, out in zip(runs, ranks))
-        result.check(e <= 1e-5, f"the same as torch's DistributedDataParallel on the same data "
-                                f"(relative difference {e:.1e})",
-                     f"differs from torch's DistributedDataParallel by {e:.1e}")
-    sent, expected = runs[0][SGD]["sent"], runs[0][SGD]["expected"]
-    s = next((s for s, x in enumerate(sent) if x != expected), 0)
-    result.check(all(x == expected for x in sent), f"each rank sent 2(N-1)/N x 4Ψ = "
-                 f"{expected:,.0f} B in every step, as the formula says", f"in step {s + 1} each "
-                 f"rank sent {sent[s]:,.0f} B; the formula 2(N-1)/N x 4Ψ says {expected:,.0f} B "
-                 f"({sent[s] / expected:.2f}x)", "the ledger counts only what goes through comm: "
-                 "use comm.all_reduce, not dist.all_reduce" if max(sent) == 0 else
-                 "all-reduce each gradient once a step")
-    result.facts.update(sent_per_step=sent, expected=expected)
+def _power_of_n(d) -> int | None:
+    """k where the gradients are N^k times the reference's at every N > 1 (1: the sum was not
+    divided; -1: divided by N twice)."""
+    import math
+    found = [math.log(r) / math.log(n) for n, r in _ratios(d) if n > 1]
+    k = round(found[0]) if found else 0
+    return k if k and len(found) > 1 and all(abs(f - k) < 0.02 for f in found) else None
 
 
-def _judge_grads(result, grads, world_size, g_ref, buckets_all_out=()) -> bool:
-    """Each step's gradients (``grads[rank][step]``) against one process's; True when the fault
-    is the scale (2 ranks, the sum not divided: "gradients are 2.00x too large")."""
-    errs = [max(_rel(g[s], want) for g in grads) for s, want in enumerate(g_ref)]
-    s = next((s for s, e in enumerate(errs) if e > 1e-5), None)
-    if s is None:
-        result.ok(f"after backward, in each of the {len(errs)} steps, every rank holds the "
-                  f"gradient of the whole global batch (relative difference {max(errs):.1e})")
-        return False
-    mine, want, when = [g[s] for g in grads], g_ref[s], f" of step {s + 1} (step 1 was right)" * s
-    spread, ratio = max(_rel(g, mine[0]) for g in mine), float("nan") if errs[s] == float(
-        "inf") else float(_vec(mine[0], want) @ _vec(want, want) / _vec(want, want).norm() ** 2)
-    scaled = spread <= 1e-6 and min(abs(ratio / world_size - 1), abs(ratio * world_size - 1)) < .01
-    if spread > 1e-6 and s < len(buckets_all_out) and buckets_all_out[s]:
-        result.wrong(f"after the backward{when}, the ranks hold different gradients (they differ "
-                     f"by {spread:.1%}): they were not averaged over the ranks, though every "
-                     f"bucket was all-reduced", hint="the flat tensor torch.cat made is a copy: "
-                     "after the wait and the division, copy it back into each p.grad")
-    elif spread > 1e-6:
-        result.wrong(f"after the backward{when}, the ranks hold different gradients (they differ "
-                     f"by {spread:.1%}): they were not averaged over the ranks",
-                     hint="all-reduce param.grad (the sum over ranks), then divide it by N")
-    elif scaled and ratio > 1:
-        result.wrong(f"gradients are {ratio:.2f}x too large: did you divide by the world size?")
-    elif scaled:
-        result.wrong(f"gradients are {1 / ratio:.2f}x too small: did you average twice?",
-                     hint="divide by N once, after one all-reduce of each gradient")
-    else:
-        result.wrong(f"after the backward{when}, the gradients differ from one process's by "
-                     f"{errs[s]:.1%}")
-    return scaled
+def _divides_by(d) -> float | None:
+    """What the sum was divided by, where that is the same at every N: N / ratio."""
+    found = [n / r for n, r in _ratios(d)]
+    return found[0] if len(found) > 1 and all(near(f, found[0]) for f in found) else None
 
 
-def _judge_buckets(result, ranks) -> None:
-    """How rank 0 sent its buckets, step by step: each once, when full, while backward ran."""
-    run, k = ranks[0]["runs"][SGD], ranks[0]["runs"][SGD]["buckets"]
-    notes = [[n for n in run["notes"] if n["step"] == s + 1] for s in range(CHECK_STEPS)]
-    count = [len(ns) for ns in notes]
-    early = [[n for n in ns if n["ready"] < n["of"]] for ns in notes]
-    bad = [c != k or bool(e) for c, e in zip(count, early)]
-    hidden = [sum(n["in_hook"] and n["hidden"] for n in ns) for ns in notes]
-    least = notes[hidden.index(min(hidden))]  # Note: the step that overlapped least
-    if not bad[0] and any(bad):  # Note: right in step 1 only: what it counts is not reset
-        s = bad.index(True)
-        result.wrong(f"your buckets launch right in the first step but not later: step {s + 1} "
-                     f"made {count[s]} all-reduce(s) for {k} buckets" + ", some before they were"
-                     " full" * bool(early[s]), hint="reset what you count in backward_done, so "
-                     "that the next step starts afresh")
-    elif any(early):
-        n = next(e for e in early if e)[0]
-        result.wrong(f"bucket {n['bucket']} was all-reduced when only {n['ready']} of its "
-                     f"{n['of']} gradients were ready, before backward had made the others",
-                     hint="launch a bucket once every gradient in it has arrived")
-    elif count[0] != k:
-        result.wrong(f"{count[0]} all-reduce(s) in the first step for {k} buckets", hint="one "
-                     "all-reduce of one flat tensor (torch.cat) per bucket, once it is full")
-    elif min(hidden):
-        result.ok(f"{min(hidden)} of {k} buckets per step were launched once full, with "
-                  f"async_op=True, while backward was still running (overlap)")
-    elif not any(n["in_hook"] for n in least):
-        result.wrong("every bucket was launched in backward_done, after autograd had finished: "
-                     "nothing overlaps", hint="launch each bucket from grad_ready once full")
-    elif not any(n["async"] for n in least):
-        result.wrong("your all-reduces block (async_op=False): backward stopped for each bucket, "
-                     "nothing overlaps", hint="comm.all_reduce(flat, label=..., async_op=True) "
-                     "returns a handle at once; wait for it in backward_done")
-    else:
-        result.wrong("you waited for each bucket right after launching it: backward stopped for "
-                     "it, nothing overlaps", hint="keep the handles, wait in backward_done")
-    late = max(sum(not n.get("waited_in_time", True) for n in ns) for ns in notes)
-    result.check(not late, "every all-reduce was waited for by the end of backward_done, before "
-                 "the optimizer used the gradients", f"{late} all-reduce(s) per step were not "
-                 "waited for in backward_done", "call handle.wait() in backward_done before "
-                 "using the sum")
+def _ratio(mine, want):
+    from ..common.compare import agree
+    if not isinstance(mine, dict) or not isinstance(want, dict):
+        return None
+    a = agree(mine, want, 0)
+    return None if a.same else a.ratio
 
 
+def _ranks_differ(d) -> bool:
+    """Rank 0's and rank 1's gradients differ in the first differing configuration."""
+    mine = d.table[d.config][0]
+    return mine.get("grads", rank=1, step=d.where.get("step", 1)) is not None and not _same(
+        mine.get("grads", rank=0, step=d.where["step"]), mine.get("grads", rank=1,
+                                                                  step=d.where["step"]))
+
+
+def _same(a, b) -> bool:
+    from ..common.compare import agree
+    return agree(a, b, 1e-6).same
+
+
+HANG = ("a rank waits in a collective another rank never makes: every rank must all-reduce "
+        "every gradient (and launch every bucket), the same ones in the same order")
+HINTS = [
+    Hint(lambda d: d.raised and d.raised[0] == "a hang", HANG),
+    Hint(lambda d: d.raised and "None" in d.raised[1], "a gradient was still None: reduce a "
+         "gradient once autograd has made it (register_post_accumulate_grad_hook; a bucket once "
+         "every gradient in it has arrived)"),
+    Hint(lambda d: d.raised and "Mismatch" in d.raised[0], HANG),
+    Hint(lambda d: d.observable == "start", "every rank must start from rank 0's weights: "
+         "broadcast each parameter from rank 0 when wrapping (comm.broadcast(p.data, src=0))"),
+    Hint(lambda d: d.observable == "backward_weights", "backward changed the weights, which only "
+         "the optimizer may: the hook receives the parameter; what you reduce is its .grad"),
+    Hint(lambda d: d.observable == "reduced" and d.mine == "a weight", "you all-reduced a "
+         "weight (param.data), not its gradient: the hook receives the parameter; reduce "
+         "param.grad"),
+    Hint(lambda d: d.observable == "reduced" and d.mine == "a copy", "you all-reduced a copy "
+         "of the gradient: all_reduce works in place, so the copy got the sum and param.grad "
+         "kept this rank's own; reduce param.grad itself"),
+    Hint(lambda d: d.observable == "reduced" and "never waited" in str(d.mine), "an "
+         "all_reduce(..., async_op=True) whose handle was never waited for: the division and "
+         "the optimizer may read param.grad before the sum has arrived; wait for it, or leave "
+         "async_op out"),
+    Hint(lambda d: d.observable == "reduced" and not d.whole[0], "your hooks all-reduced "
+         "nothing through the comm they were given: reduce with comm.all_reduce (the kit's "
+         "ledger and checks see only what goes through it), every gradient on every rank"),
+    Hint(lambda d: d.observable == "reduced" and not d.from_a_later_step and
+         len(d.whole[0]) > len(d.whole[1]), "more all-reduces than the reference: each "
+         "gradient once a step (one hook per parameter)"),
+    Hint(lambda d: d.observable == "reduced" and not d.from_a_later_step and
+         len(d.whole[0]) < len(d.whole[1]), "fewer all-reduces than the reference: every "
+         "gradient must be all-reduced, every step"),
+    Hint(lambda d: d.observable == "ledger" and not d.whole[0], "nothing went through comm: the "
+         "kit's ledger counts what goes through the comm it gives you (comm.all_reduce, not "
+         "dist.all_reduce)"),
+    Hint(lambda d: d.observable == "ledger" and len(d.whole[0]) > len(d.whole[1]),
+         "more collectives than the reference: all-reduce each gradient (or bucket) once a step"),
+    Hint(lambda d: d.observable == "launches" and "full" in d.path,
+         "a bucket was all-reduced before every gradient in it was ready: launch it once full"),
+    Hint(lambda d: d.observable == "launches" and "in_hook" in d.path,
+         "buckets launched in backward_done, after autograd had finished: nothing overlaps; "
+         "launch each from grad_ready once it is full"),
+    Hint(lambda d: d.observable == "launches" and "async" in d.path,
+         "blocking all-reduces stop backward for each bucket: comm.all_reduce(flat, label=..., "
+         "async_op=True) returns a handle at once; wait for it in backward_done"),
+    Hint(lambda d: d.observable == "launches" and "overlapped" in d.path,
+         "you waited for each bucket right after launching it, so backward stopped: keep the "
+         "handles, wait for them in backward_done"),
+    Hint(lambda d: d.observable == "launches" and "waited" in d.path,
+         "an all-reduce not waited for by the end of backward_done: the optimizer may read the "
+         "gradient before the sum has arrived"),
+    Hint(lambda d: d.observable == "launches" and not d.from_a_later_step and
+         len(d.whole[0] or ()) != len(d.whole[1] or ()), lambda d: f"{len(d.whole[0] or ())} "
+         f"all-reduces for {len(d.whole[1])} buckets: one all-reduce per bucket, of one flat "
+         f"tensor (torch.cat of its gradients), once it is full"),
+    Hint(lambda d: d.observable in ("launches", "reduced", "ledger") and d.from_a_later_step,
+         "right in the first step, not in later ones: reset what you count (and the handles "
+         "you keep) in backward_done, so that each step starts afresh"),
+    Hint(lambda d: d.observable == "alive" and d.grows,
+         "more memory stays alive after every step: something keeps the step's tensors (a "
+         "list of buckets or handles never emptied?)"),
+    Hint(lambda d: d.observable == "grads" and _ranks_differ(d),
+         "after backward the ranks hold different gradients: they were not averaged. "
+         "all_reduce works in place on the tensor you give it (a copy gets the sum, param.grad "
+         "does not) and an async_op=True handle must be waited for"),
+    Hint(lambda d: d.observable == "grads" and _power_of_n(d) == 1, "the gradients are N "
+         "times too large: the all-reduce sums them; divide the sum by the world size (AdamW "
+         "hides a wrong scale, SGD does not)"),
+    Hint(lambda d: d.observable == "grads" and _power_of_n(d) == -1, "the gradients are N "
+         "times too small: divided by N twice; divide the sum by the world size once"),
+    Hint(lambda d: d.observable == "grads" and _divides_by(d) is not None,
+         lambda d: f"the sum of the gradients was divided by {_divides_by(d):.3g} whatever the "
+                   f"world size: divide it by comm.world_size, once"),
+]
+
+WORDS = {"start": "rank {rank}'s weights after wrapping", "loss": "rank {rank}'s loss in step "
+         "{step}", "backward_weights": "rank {rank}'s weights after backward in step {step}",
+         "grads": "rank {rank}'s gradient in step {step}", "ledger": "rank {rank}'s collectives "
+         "in step {step}", "weights": "rank {rank}'s weights after step {step}", "launches":
+         "rank {rank}'s bucket all-reduces in step {step}", "reduced": "what rank {rank}'s "
+         "all-reduces were given in step {step}", "alive": "rank {rank}'s bytes alive "
+         "after step {step}", "peak": "rank {rank}'s bytes at the peak of step {step}"}
+ORDER = ("start", "loss", "reduced", "launches", "backward_weights", "grads", "ledger",
+         "weights", "peak", "alive")
+DDP = Check("your DDP (wrap_ddp + average_gradient)", _train, [], ORDER,
+            tolerance={"loss": 1e-5, "backward_weights": 1e-6, "grads": 1e-5, "weights": 1e-5,
+                       "peak": 0.15},
+            words=WORDS, hints=HINTS, on_ranks=True, agreed="every rank starts from rank 0's "
+            "weights, averages every gradient and steps like the reference, with the same "
+            "all-reduces")
+BUCKETS = Check("your buckets", _train, [], ORDER, tolerance=DDP.tolerance, words=WORDS,
+                hints=HINTS, on_ranks=True, agreed="one all-reduce per bucket, launched once "
+                "full while backward runs, waited for in backward_done; the same gradients, "
+                "weights and memory as the reference")
+
+
+@verdict_of_check
 def check_ddp(wrap_ddp, average_gradient=None, world_size=2, timeout=20,
               model="tiny") -> CheckResult:
-    """Your ``wrap_ddp`` (and the ``average_gradient`` it hooks) on ``world_size`` ranks, training
-    the ``model`` GPT ("tiny" or "default", as ``cfg.model``)."""
-    return _check_many([(wrap_ddp, average_gradient)], world_size, timeout, **DDP,
-                       model=model)[0].finish()
+    """Your ``wrap_ddp`` (and the ``average_gradient`` it hooks) beside the reference, on 1 to
+    4 ranks and on the ``model`` GPT ("tiny" or "default") at ``world_size``."""
+    result = CheckResult(DDP.what)
+    stubs = [f.__name__ for f in (wrap_ddp, average_gradient) if f and not_written_yet(f)]
+    if stubs:
+        return result.wrong(f"not written yet: {' and '.join(stubs)} (still `...`)",
+                            hint="labs.show_solution('03_ddp_hooks') shows one").finish()
+    DDP.timeout = timeout
+    DDP(ddp_strategy(wrap_ddp), _ddp_reference(), result, configs=_configs(world_size, model))
+    _sent(result, world_size, model)
+    return result.finish()
 
 
+@verdict_of_check
 def check_buckets(buckets_class, world_size=2, timeout=20, bucket_mb=None,
                   model="tiny") -> CheckResult:
-    """Your bucket logic (``buckets_class``) behind :func:`bucketed_ddp_strategy`, training the
-    ``model`` GPT. ``bucket_mb`` defaults to a quarter of the model's bytes (0.03 MiB for the
-    tiny GPT: 5 buckets), the size lab 03 then trains your buckets with."""
-    if bucket_mb is None:
-        bucket_mb = 0.03 if model == "tiny" else make_model(_config(model)).num_params() / 2**20
-    return _check_many([buckets_class], world_size, timeout, **{
-        **BUCKETS, "make": partial(bucketed_ddp_strategy, bucket_mb=bucket_mb)},
-        model=model)[0].finish()
+    """Your bucket logic (``buckets_class``) behind :func:`bucketed_ddp_strategy`, beside the
+    reference's, on 1 to 4 ranks and the ``model`` GPT. Buckets are a third of each net (the
+    GPT's: ``bucket_mb``, by default a quarter of it, the size lab 03 then trains with)."""
+    result = CheckResult(BUCKETS.what)
+    stubs = [m for m in ("__init__", "grad_ready", "backward_done")
+             if not_written_yet(getattr(buckets_class, m))]
+    if stubs:
+        return result.wrong(f"not written yet: {', '.join(stubs)} (still `...`)",
+                            hint="labs.show_solution('03_buckets') shows one").finish()
+    BUCKETS.timeout = timeout
+    mb = bucket_mb or (0.03 if model == "tiny" else
+                       make_model(GPTConfig.sized(model)).num_params() / 2**20)
+    BUCKETS(_bucketed(buckets_class), _bucketed(_buckets_reference()), result,
+            configs=_bucket_configs(world_size, model, mb))
+    _sent(result, world_size, model)
+    return result.finish()
 
 
-def _check_many(items, world_size, timeout, make, stubs, what, solution, torch_ddp, hang_hint,
-                none_hint, judge_first=lambda result, ranks: None,
-                model="tiny") -> list[CheckResult]:
-    """Several learners' answers trained in one launch, each judged alone (the tests use it)."""
-    results, todo = [CheckResult(what) for _ in items], [k for k, x in enumerate(items)
-                                                         if not stubs(x)]
-    for k in sorted(set(range(len(items))) - set(todo)):
-        *most, last = stubs(items[k])  # Note: every one of them, so that none is a surprise
-        results[k].wrong(f"not written yet: {', '.join(most) + ' and ' * bool(most)}{last} "
-                         f"(still `...`)", hint=f"labs.show_solution('{solution}') shows one")
-    try:
-        ranks = launch(_train_on_rank, world_size, [make(items[k]) for k in todo], CHECK_STEPS,
-                       torch_ddp, model, backend="gloo", timeout=timeout) if todo else []
-    except LaunchError as err:
-        for k in todo:
-            _explain_launch(results[k], err, timeout, hang_hint, none_hint)
-        forget_logs(err)
-        return results
-    for j, k in enumerate(todo):
-        mine = [{"runs": out["runs"][j], "torch_ddp": out.get("torch_ddp")} for out in ranks]
-        judge_first(results[k], mine)
-        _judge(results[k], mine, world_size, ranks[0]["reference"], _config(model))
-    return results
+def _bucket_configs(world_size: int, model: str, bucket_mb: float) -> list[Config]:
+    """The DDP check's configurations, each with its bucket size: a third of a small net,
+    ``bucket_mb`` for the lab's GPT."""
+    third = {"mlp": 96, "twins": 128}
+    return [Config(**c, bucket_bytes=third.get(c["net"], round(bucket_mb * 2**20)))
+            for c in _configs(world_size, model)]
 
 
-def _judge_ddp_calls(result, ranks) -> None:
-    """What the hooks handed to all_reduce: a copy of the gradient, a handle never waited for."""
-    notes = [n for out in ranks for n in out["runs"][SGD]["notes"] if n["step"] > 0]
-    if any(not n["weights"] and not n.get("of_grad", True) for n in notes):
-        result.wrong("you all-reduced a copy of the gradient (param.grad.clone(), or a new "
-                     "tensor): all_reduce works in place on the tensor you pass, so the copy got "
-                     "the sum and param.grad kept this rank's own gradient",
-                     hint="comm.all_reduce(param.grad, label='grad'), then divide param.grad")
-    if any(n["async"] and not n["waited"] for n in notes):
-        result.wrong("you called comm.all_reduce(..., async_op=True) and never waited for its "
-                     "handle: the division and the optimizer may read param.grad before the sum "
-                     "has arrived", hint="in the hook leave async_op out (or keep the handle and "
-                     "call handle.wait() before using param.grad)")
+def _bucketed(cls):
+    """A strategy per configuration: ``cls`` with buckets of the configuration's size."""
+    return lambda cfg: bucketed_ddp_strategy(cls, bucket_mb=cfg["bucket_bytes"] / 2**20)
 
 
-DDP = {"make": lambda pair: ddp_strategy(pair[0]), "what": "your DDP (wrap_ddp + average_gradient)",
-       "judge_first": _judge_ddp_calls,
-       "stubs": lambda pair: [f.__name__ for f in pair if f and not_written_yet(f)],
-       "solution": "03_ddp_hooks", "torch_ddp": True, "hang_hint": "a rank waits in an "
-       "all-reduce another rank never makes: did a rank skip the all-reduce of a parameter?",
-       "none_hint": "param.grad was None: the all-reduce ran before backward produced the "
-       "gradient (a forward hook?); use register_post_accumulate_grad_hook"}
-BUCKETS = {"make": bucketed_ddp_strategy, "what": "your buckets", "stubs": lambda c: [
-    m for m in ("__init__", "grad_ready", "backward_done") if not_written_yet(getattr(c, m))],
-    "solution": "03_buckets", "torch_ddp": False, "judge_first": _judge_buckets,
-    "hang_hint": "do all ranks launch the same buckets, and wait for each?", "none_hint": "a "
-    "gradient was still None: launch a bucket once every gradient in it has arrived"}
+def _ddp_reference():
+    return ddp_strategy(load_solution("03_ddp_hooks", "wrap_ddp"))
+
+
+def _buckets_reference():
+    return load_solution("03_buckets", "Buckets")
+
+
+# What tests/wrong_answers/ judges many answers with (the lab's own size: 2 ranks, tiny GPT)
+JUDGES = {
+    "03_ddp_hooks": lambda pairs: DDP.judge_many(
+        [ddp_strategy(wrap) for wrap, _ in pairs], _ddp_reference(), _configs(2, "tiny")),
+    "03_buckets": lambda classes: BUCKETS.judge_many(
+        [_bucketed(c) for c in classes], _bucketed(_buckets_reference()),
+        _bucket_configs(2, "tiny", 0.03))}
+
+
+def _sent(result: CheckResult, world_size: int, model: str) -> None:
+    """The lab's own run: bytes each rank sent per step, from your run's ledger."""
+    table = result.facts.get("records")
+    mine = next((m for c, (m, _) in (table or {}).items() if c["world_size"] == world_size
+                 and c["net"] == model and c["optimizer"] == SGD), None)
+    if mine is not None:
+        result.facts["sent_per_step"] = [
+            sum(ring_bytes(op, size, world_size) for op, size, _ in mine.get(
+                "ledger", step=s) or ()) for s in range(1, STEPS + 1)]
