@@ -15,6 +15,8 @@ torch.set_num_threads(1)
 
 # Notebooks size their runs from one config cell: in tests they always run small (the CI size).
 os.environ.setdefault("CI", "true")
+# Checks run outside CI keep no progress file in the repository (tests of it set their own)
+os.environ.setdefault("FSDP_MINI_PROGRESS", "0")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -6,6 +6,7 @@
     fsdp-mini compare --world-size 4 --shard-size 2          # and hsdp, 2 groups of 2
     fsdp-mini render-labs --out build/labs      # executed HTML copies of the labs
     fsdp-mini plan --params 7e9 --gpus 8 --gpu-mem 80   # will it fit? (formulas, no ranks)
+    fsdp-mini progress team1/ team2/ --html page.html  # every team's checks (the instructor)
 
 Bad arguments are reported in one line on stderr with exit status 2, before any rank starts.
 """
@@ -23,6 +24,7 @@ import time
 from ..api import STRATEGIES
 from ..arguments import count
 from .plan_cli import add_plan_parser, number, plan_command
+from .progress import add_progress_parser, progress_command
 
 
 def _default_world_size() -> int:
@@ -69,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     ren.add_argument("--ci", action="store_true", help="run at CI size (quick, small model)")
     ren.add_argument("labs", nargs="*", help="only these labs, by number or name (e.g. 03)")
     add_plan_parser(sub)
+    add_progress_parser(sub)
     return parser
 
 
@@ -216,6 +219,8 @@ def main(argv=None) -> int:
         return render_command(args)
     if args.command == "plan":
         return plan_command(args, _check_json_path)
+    if args.command == "progress":
+        return progress_command(args)
     return 2
 
 

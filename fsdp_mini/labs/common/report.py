@@ -90,12 +90,15 @@ class CheckResult:
 
 def verdict_of_check(check):
     """Mark a checker ``check(answer, ...)``: its CheckResult then names the checker and holds
-    the digest of ``answer`` as it was when checked."""
+    the digest of ``answer`` as it was when checked, and the verdict is kept for the instructor
+    (:mod:`fsdp_mini.labs.common.progress`)."""
     @functools.wraps(check)
     def run(answer, *args, **kwargs):
+        from .progress import record_verdict
         digest = answer_digest(answer)
         result = check(answer, *args, **kwargs)
         result.checker, result.answer = check.__name__, digest
+        record_verdict(result, check.__name__, check.__module__)
         return result
     return run
 
