@@ -203,7 +203,7 @@ class Rank1SkipsABucket(Buckets):
 
 DDP, BUCKETS = "03_ddp_hooks", "03_buckets"
 WRONG = [
-    Wrong(DDP, "sum not divided by N", (wrapper(not_divided), not_divided), ("gradient in step 1", "2x", "right with world size 1", "n times too large", "divide the sum by the world size")),
+    Wrong(DDP, "sum not divided by N", (wrapper(not_divided), not_divided), ("gradient in step 1", "2x", "right with world size 1", "n times too large", "not divided by the world size")),
     Wrong(DDP, "divided by N twice", (wrapper(divided_twice), divided_twice), ("gradient in step 1", "0.5x", "n times too small", "divided by n twice")),
     Wrong(DDP, "all-reduces the weights", (wrapper(reduces_weights), reduces_weights), ("yours 'a weight'", "not its gradient")),
     Wrong(DDP, "no broadcast of rank 0's weights",
@@ -212,14 +212,14 @@ WRONG = [
           ("more all-reduces than the reference", "one hook per parameter")),
     Wrong(DDP, "all-reduces param.grad.clone()", (wrapper(reduces_a_copy), reduces_a_copy), ("yours 'a copy'", "all-reduced a copy of the gradient", "works in place")),
     Wrong(DDP, "async_op=True, never waited", (wrapper(never_waits), never_waits), ("never waited for", "async_op=true")),
-    Wrong(DDP, "rank 1 skips the biases", (wrapper(rank1_skips_biases), rank1_skips_biases), ("collectivemismatcherror", "rank 0 issues all_reduce", "but rank 1 issues", "same ones in the same order")),
+    Wrong(DDP, "rank 1 skips the biases", (wrapper(rank1_skips_biases), rank1_skips_biases), ("collectivemismatcherror", "rank 0 issues all_reduce", "but rank 1 issues", "in the same order")),
     Wrong(DDP, "rank 1 broadcasts its parameters in reverse order",
           (wrapper(average_gradient, order=reverse_on_rank_1), average_gradient), ("collectivemismatcherror", "rank 0 issues broadcast 'sync/0.weight'", "but rank 1 issues broadcast 'sync/2.bias'", "in the same order")),
-    Wrong(DDP, "averages in a forward hook", (forward_hook_wrap, average_gradient), ("nonetype", "a gradient was still none", "register_post_accumulate_grad_hook")),
+    Wrong(DDP, "averages in a forward hook", (forward_hook_wrap, average_gradient), ("nonetype", "was still none", "register_post_accumulate_grad_hook")),
     Wrong(DDP, "only rank 0 all-reduces, with dist (hang)",
           (wrapper(rank0_only_with_dist), rank0_only_with_dist), ("yours '0 of them'", "nothing through the comm they were given", "comm.all_reduce")),
     Wrong(BUCKETS, "reads each sum without handle.wait()", NotWaited, ("['waited']: yours false", "not waited for by the end of backward_done")),
-    Wrong(BUCKETS, "sum not divided by N", NotDivided, ("gradient in step 1", "2x", "right with world size 1", "n times too large", "divide the sum by the world size")),
+    Wrong(BUCKETS, "sum not divided by N", NotDivided, ("gradient in step 1", "2x", "right with world size 1", "n times too large", "not divided by the world size")),
     Wrong(BUCKETS, "divided by N twice", DividedTwice, ("gradient in step 1", "0.5x", "n times too small", "divided by n twice")),
     Wrong(BUCKETS, "the average never copied back into .grad", NotCopiedBack, ("right with world size 1", "the ranks hold different gradients", "not averaged")),
     Wrong(BUCKETS, "every bucket launched in backward_done", AllAtTheEnd, ("['in_hook']: yours false", "launched in backward_done, after autograd had finished")),
@@ -228,7 +228,7 @@ WRONG = [
     Wrong(BUCKETS, "waits for each bucket at once", WaitsAtOnce, ("['overlapped']: yours false", "waited for each bucket right after launching it")),
     Wrong(BUCKETS, "one all-reduce per gradient, no buckets", PerParameter, ("4 all-reduces for 3 buckets", "one all-reduce per bucket")),
     Wrong(BUCKETS, "launched when half full (zeros for the rest)", Early, ("['full']: yours false", "before every gradient in it was ready")),
-    Wrong(BUCKETS, "launched one gradient early (off by one)", OffByOne, ("a gradient was still none", "a bucket once every gradient in it has arrived")),
+    Wrong(BUCKETS, "launched one gradient early (off by one)", OffByOne, ("was still none", "a bucket once every gradient in it has arrived")),
     Wrong(BUCKETS, "rank 1 skips a bucket", Rank1SkipsABucket, ("collectivemismatcherror", "rank 0 issues all_reduce 'bucket0'", "but rank 1 issues all_reduce 'bucket1'")),
     Wrong(BUCKETS, "rank 1 launches its buckets in reverse order", ReversedOnRank1, ("['in_hook']: yours false", "launched in backward_done")),
 ]

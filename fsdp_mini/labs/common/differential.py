@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from . import remembered
 from .on_ranks import observe_here, run_answers
 from .compare import Divergence, axes_in_words, shown, collective_words, compare, where_right
 from .records import Config, Record, spread  # noqa: F401  (what a lab declares a check with)
@@ -154,10 +155,14 @@ class Check:
     def records_many(self, answers: list, reference, configs: list) -> list[dict]:
         """Per answer, {config: (its record, the reference's)}, smallest config first; an
         answer's configurations after the one where it raised or hung are left out."""
+        for c in configs:
+            if c not in self._reference and (found := remembered.load(self.what, c)):
+                self._reference[c] = found
         todo = [c for c in configs if c not in self._reference]
         if todo:
-            self._reference.update(
-                {c: r for (_, c), r in self._run([reference], todo).items()})
+            for (_, c), record in self._run([reference], todo).items():
+                self._reference[c] = record
+                remembered.save(self.what, c, record)
         # Note: a rank waits for its peers at most 10x as long as the reference took, so an
         # answer that hangs costs seconds, not the collective's whole timeout
         wait = {c: max(5.0, 10 * self._reference[c].seconds) for c in configs}

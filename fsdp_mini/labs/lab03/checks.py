@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from ...comm.ledger import ring_bytes
 from ...models import GPTConfig, SyntheticText, make_model
-from ..common.differential import Check, Config, Hint, near, spread
+from ..common.differential import Check, Config, Hint, spread
+from ..common.hints import TRAINING_HINTS
 from ..common.exercise import load_solution, not_written_yet
 from ..common.observing import (OPTIMIZERS, batches_for, observe_memory, observe_training,
                                 small_net)
@@ -86,84 +87,33 @@ def _configs(world_size: int, model: str) -> list[Config]:
         spread(world_size=[world_size], net=[model], optimizer=[SGD, "AdamW"])
 
 
-def _ratios(d) -> list[tuple[int, float]]:
-    """(N, yours / the reference's) of rank 0's first gradients, where they differ."""
-    return [(cfg["world_size"], r) for cfg, m, w in d.pairs("grads", step=1)
-            if (r := _ratio(m, w)) and r > 0]
+def _reduced(d, *what) -> bool:
+    return d.observable == "reduced" and (d.mine in what or any(w in str(d.mine) for w in what))
 
 
-def _power_of_n(d) -> int | None:
-    """k where the gradients are N^k times the reference's at every N > 1 (1: the sum was not
-    divided; -1: divided by N twice)."""
-    import math
-    found = [math.log(r) / math.log(n) for n, r in _ratios(d) if n > 1]
-    k = round(found[0]) if found else 0
-    return k if k and len(found) > 1 and all(abs(f - k) < 0.02 for f in found) else None
+def _count(d, relation) -> bool:
+    """The first step made more (or fewer) of ``d.observable`` than the reference."""
+    mine, want = (len(x) if isinstance(x, list) else 0 for x in d.whole)
+    return not d.from_a_later_step and relation(mine, want)
 
 
-def _divides_by(d) -> float | None:
-    """What the sum was divided by, where that is the same at every N: N / ratio."""
-    found = [n / r for n, r in _ratios(d)]
-    return found[0] if len(found) > 1 and all(near(f, found[0]) for f in found) else None
-
-
-def _ratio(mine, want):
-    from ..common.compare import agree
-    if not isinstance(mine, dict) or not isinstance(want, dict):
-        return None
-    a = agree(mine, want, 0)
-    return None if a.same else a.ratio
-
-
-def _ranks_differ(d) -> bool:
-    """Rank 0's and rank 1's gradients differ in the first differing configuration."""
-    mine = d.table[d.config][0]
-    return mine.get("grads", rank=1, step=d.where.get("step", 1)) is not None and not _same(
-        mine.get("grads", rank=0, step=d.where["step"]), mine.get("grads", rank=1,
-                                                                  step=d.where["step"]))
-
-
-def _same(a, b) -> bool:
-    from ..common.compare import agree
-    return agree(a, b, 1e-6).same
-
-
-HANG = ("a rank waits in a collective another rank never makes: every rank must all-reduce "
-        "every gradient (and launch every bucket), the same ones in the same order")
 HINTS = [
-    Hint(lambda d: d.raised and d.raised[0] == "a hang", HANG),
-    Hint(lambda d: d.raised and "None" in d.raised[1], "a gradient was still None: reduce a "
-         "gradient once autograd has made it (register_post_accumulate_grad_hook; a bucket once "
-         "every gradient in it has arrived)"),
-    Hint(lambda d: d.raised and "Mismatch" in d.raised[0], HANG),
-    Hint(lambda d: d.observable == "start", "every rank must start from rank 0's weights: "
-         "broadcast each parameter from rank 0 when wrapping (comm.broadcast(p.data, src=0))"),
-    Hint(lambda d: d.observable == "backward_weights", "backward changed the weights, which only "
-         "the optimizer may: the hook receives the parameter; what you reduce is its .grad"),
-    Hint(lambda d: d.observable == "reduced" and d.mine == "a weight", "you all-reduced a "
-         "weight (param.data), not its gradient: the hook receives the parameter; reduce "
-         "param.grad"),
-    Hint(lambda d: d.observable == "reduced" and d.mine == "a copy", "you all-reduced a copy "
-         "of the gradient: all_reduce works in place, so the copy got the sum and param.grad "
-         "kept this rank's own; reduce param.grad itself"),
-    Hint(lambda d: d.observable == "reduced" and "never waited" in str(d.mine), "an "
-         "all_reduce(..., async_op=True) whose handle was never waited for: the division and "
-         "the optimizer may read param.grad before the sum has arrived; wait for it, or leave "
-         "async_op out"),
+    Hint(lambda d: _reduced(d, "a weight"), "you all-reduced a weight (param.data), not its "
+         "gradient: the hook receives the parameter; reduce param.grad"),
+    Hint(lambda d: _reduced(d, "a copy"), "you all-reduced a copy of the gradient: all_reduce "
+         "works in place, so the copy got the sum and param.grad kept this rank's own"),
+    Hint(lambda d: _reduced(d, "never waited"), "an all_reduce(..., async_op=True) whose handle "
+         "was never waited for: the division and the optimizer may read param.grad before the "
+         "sum has arrived; wait for it, or leave async_op out"),
     Hint(lambda d: d.observable == "reduced" and not d.whole[0], "your hooks all-reduced "
          "nothing through the comm they were given: reduce with comm.all_reduce (the kit's "
          "ledger and checks see only what goes through it), every gradient on every rank"),
-    Hint(lambda d: d.observable == "reduced" and not d.from_a_later_step and
-         len(d.whole[0]) > len(d.whole[1]), "more all-reduces than the reference: each "
-         "gradient once a step (one hook per parameter)"),
-    Hint(lambda d: d.observable == "reduced" and not d.from_a_later_step and
-         len(d.whole[0]) < len(d.whole[1]), "fewer all-reduces than the reference: every "
-         "gradient must be all-reduced, every step"),
-    Hint(lambda d: d.observable == "ledger" and not d.whole[0], "nothing went through comm: the "
-         "kit's ledger counts what goes through the comm it gives you (comm.all_reduce, not "
-         "dist.all_reduce)"),
-    Hint(lambda d: d.observable == "ledger" and len(d.whole[0]) > len(d.whole[1]),
-         "more collectives than the reference: all-reduce each gradient (or bucket) once a step"),
+    Hint(lambda d: d.observable == "reduced" and _count(d, int.__gt__), "more all-reduces than "
+         "the reference: each gradient once a step (one hook per parameter)"),
+    Hint(lambda d: d.observable == "reduced" and _count(d, int.__lt__), "fewer all-reduces than "
+         "the reference: every gradient must be all-reduced, every step"),
+    Hint(lambda d: d.observable == "backward_weights", "backward changed the weights, which only "
+         "the optimizer may: the hook receives the parameter; what you reduce is its .grad"),
     Hint(lambda d: d.observable == "launches" and "full" in d.path,
          "a bucket was all-reduced before every gradient in it was ready: launch it once full"),
     Hint(lambda d: d.observable == "launches" and "in_hook" in d.path,
@@ -178,28 +128,11 @@ HINTS = [
     Hint(lambda d: d.observable == "launches" and "waited" in d.path,
          "an all-reduce not waited for by the end of backward_done: the optimizer may read the "
          "gradient before the sum has arrived"),
-    Hint(lambda d: d.observable == "launches" and not d.from_a_later_step and
-         len(d.whole[0] or ()) != len(d.whole[1] or ()), lambda d: f"{len(d.whole[0] or ())} "
-         f"all-reduces for {len(d.whole[1])} buckets: one all-reduce per bucket, of one flat "
-         f"tensor (torch.cat of its gradients), once it is full"),
-    Hint(lambda d: d.observable in ("launches", "reduced", "ledger") and d.from_a_later_step,
-         "right in the first step, not in later ones: reset what you count (and the handles "
-         "you keep) in backward_done, so that each step starts afresh"),
-    Hint(lambda d: d.observable == "alive" and d.grows,
-         "more memory stays alive after every step: something keeps the step's tensors (a "
-         "list of buckets or handles never emptied?)"),
-    Hint(lambda d: d.observable == "grads" and _ranks_differ(d),
-         "after backward the ranks hold different gradients: they were not averaged. "
-         "all_reduce works in place on the tensor you give it (a copy gets the sum, param.grad "
-         "does not) and an async_op=True handle must be waited for"),
-    Hint(lambda d: d.observable == "grads" and _power_of_n(d) == 1, "the gradients are N "
-         "times too large: the all-reduce sums them; divide the sum by the world size (AdamW "
-         "hides a wrong scale, SGD does not)"),
-    Hint(lambda d: d.observable == "grads" and _power_of_n(d) == -1, "the gradients are N "
-         "times too small: divided by N twice; divide the sum by the world size once"),
-    Hint(lambda d: d.observable == "grads" and _divides_by(d) is not None,
-         lambda d: f"the sum of the gradients was divided by {_divides_by(d):.3g} whatever the "
-                   f"world size: divide it by comm.world_size, once"),
+    Hint(lambda d: d.observable == "launches" and _count(d, int.__ne__),
+         lambda d: f"{len(d.whole[0] or ())} all-reduces for {len(d.whole[1])} buckets: one "
+                   f"all-reduce per bucket, of one flat tensor (torch.cat of its gradients), once "
+                   f"it is full"),
+    *TRAINING_HINTS,
 ]
 
 WORDS = {"start": "rank {rank}'s weights after wrapping", "loss": "rank {rank}'s loss in step "

@@ -1,0 +1,87 @@
+"""What a divergence of a training run says, read the same way by every lab's check.
+
+Each function reads a :class:`~fsdp_mini.labs.common.compare.Divergence` (where the answer first
+differs from the reference, and every configuration's records), never the answer itself::
+
+    power_of_n(d, "grads") == 1      # the gradients are N times the reference's at every N
+    divides_by(d, "grads") == 2.0    # ... the sum was divided by 2 whatever N was
+    ranks_differ(d, "grads")         # rank 0 and rank 1 hold different gradients there
+
+``TRAINING_HINTS`` are the hints every training check shares (a hang, a gradient not there yet,
+ranks issuing other collectives, the start, memory growing step by step, right only in step 1);
+a lab adds its own in front of them.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .compare import agree
+from .differential import Hint, near
+
+
+def ratios(d, observable: str, step: int = 1) -> list[tuple[int, float]]:
+    """(N, yours / the reference's) of rank 0's ``observable`` at ``step``, where they differ."""
+    out = []
+    for cfg, mine, want in d.pairs(observable, step=step):
+        a = agree(mine, want, 0) if mine is not None and want is not None else None
+        if a is not None and not a.same and a.ratio and a.ratio > 0:
+            out.append((cfg["world_size"], a.ratio))
+    return out
+
+
+def power_of_n(d, observable: str) -> int | None:
+    """k where ``observable`` is N^k times the reference's at every N > 1 that differs (1: a sum
+    not divided by N; -1: divided by N twice)."""
+    found = [math.log(r) / math.log(n) for n, r in ratios(d, observable) if n > 1]
+    k = round(found[0]) if found else 0
+    return k if k and len(found) > 1 and all(abs(f - k) < 0.02 for f in found) else None
+
+
+def divides_by(d, observable: str) -> float | None:
+    """What a sum was divided by, where that is one number at every N: N / ratio."""
+    found = [n / r for n, r in ratios(d, observable)]
+    return found[0] if len(found) > 1 and all(near(f, found[0]) for f in found) else None
+
+
+def ranks_differ(d, observable: str) -> bool:
+    """In the first differing configuration, rank 0's and rank 1's ``observable`` differ."""
+    mine, step = d.table[d.config][0], d.where.get("step", 1)
+    one = mine.get(observable, rank=1, step=step)
+    return one is not None and not agree(mine.get(observable, rank=0, step=step), one, 1e-6).same
+
+
+def _raised(d, *words) -> bool:
+    return bool(d.raised) and any(w in d.raised[0] + d.raised[1] for w in words)
+
+
+HANG = ("a rank waits in a collective another rank never makes: every rank must issue the same "
+        "collectives, in the same order, every step")
+TRAINING_HINTS = [
+    Hint(lambda d: _raised(d, "a hang", "Mismatch"), HANG),
+    Hint(lambda d: _raised(d, "None"), "something was still None: a gradient is there only once "
+         "autograd has made it (register_post_accumulate_grad_hook; a bucket once every "
+         "gradient in it has arrived)"),
+    Hint(lambda d: d.observable == "start", "every rank must start from rank 0's weights: "
+         "broadcast each parameter from rank 0 when wrapping (comm.broadcast(p.data, src=0))"),
+    Hint(lambda d: d.observable == "alive" and d.grows, "more memory stays alive after every "
+         "step: something keeps each step's tensors (a list or a cache never emptied?)"),
+    Hint(lambda d: d.observable == "ledger" and not d.whole[0], "nothing went through comm: the "
+         "kit's ledger counts what goes through the comm it gives you (comm.all_reduce, not "
+         "dist.all_reduce)"),
+    Hint(lambda d: d.from_a_later_step and d.observable not in ("weights", "grads", "loss"),
+         "right in the first step, not in later ones: reset what you count (and the handles you "
+         "keep) at the end of each step, so that the next starts afresh"),
+    Hint(lambda d: d.observable == "grads" and ranks_differ(d, "grads"), "after backward the "
+         "ranks hold different gradients: they were not averaged. A collective works in place "
+         "on the tensor you give it (a copy gets the result, param.grad does not), and an "
+         "async_op=True handle must be waited for"),
+    Hint(lambda d: d.observable == "grads" and power_of_n(d, "grads") == 1, "the gradients are "
+         "N times too large: the sum over ranks was not divided by the world size (AdamW hides "
+         "a wrong scale, SGD does not)"),
+    Hint(lambda d: d.observable == "grads" and power_of_n(d, "grads") == -1, "the gradients are "
+         "N times too small: divided by N twice; divide the sum by the world size once"),
+    Hint(lambda d: d.observable == "grads" and divides_by(d, "grads") is not None,
+         lambda d: f"the sum of the gradients was divided by {divides_by(d, 'grads'):.3g} "
+                   f"whatever the world size: divide it by comm.world_size, once"),
+]
