@@ -69,6 +69,11 @@ TRAINING_HINTS = [
     Hint(lambda d: d.observable == "ledger" and not d.whole[0], "nothing went through comm: the "
          "kit's ledger counts what goes through the comm it gives you (comm.all_reduce, not "
          "dist.all_reduce)"),
+    Hint(lambda d: d.observable == "ledger" and d.whole[0] and d.whole[1] and
+         len(d.whole[0]) == len(d.whole[1]) and not d.from_a_later_step, "as many collectives as "
+         "the reference, but of other sizes: each must carry what the reference's carries (its "
+         "own parameter's gradient, its own bucket, its own shard), not one tensor again and "
+         "again"),
     Hint(lambda d: d.from_a_later_step and d.observable not in ("weights", "grads", "loss"),
          "right in the first step, not in later ones: reset what you count (and the handles you "
          "keep) at the end of each step, so that the next starts afresh"),

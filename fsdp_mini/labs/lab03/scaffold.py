@@ -32,8 +32,11 @@ class _Watch:
         # Note: a gradient, or a view of one: what all_reduce changes in place is then .grad
         of_grad = any(p.grad is not None and p.grad.untyped_storage().data_ptr()
                       == tensor.untyped_storage().data_ptr() for p in params)
+        # Note: how many of this step's all-reduces are in flight with this one (launched, not
+        # yet waited for): buckets that overlap one another, not only backward
+        flying = 1 + sum(n["step"] == self.step and not n["waited"] for n in self.notes)
         note = {"weights": weights, "of_grad": of_grad, "waited": not async_op, "async": async_op,
-                "hidden": async_op,
+                "hidden": async_op, "in_flight": flying,
                 "step": self.step, "tick": self.ticks, **self._strategy.launch_note(tensor)}
         self.notes.append(note)
         handle = self._comm.all_reduce(tensor, label, async_op=async_op, op=op)
