@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from .keeper import alive, descendants, kill
 
-KEEPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ranks_keeper.py")
+KEEPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keeper.py")
 
 __all__ = ["RankDiedError", "Ranks", "start_ranks"]
 
@@ -108,7 +108,7 @@ class Ranks:
 
     @property
     def keeper_pid(self) -> int:
-        """The process that started the controller and engines, and ends them (ranks_keeper)."""
+        """The process that started the controller and engines, and ends them (keeper.py)."""
         return self._keeper.process.pid
 
     def _join(self, timeout: float) -> None:
@@ -203,7 +203,7 @@ class Ranks:
 
 
 class _Keeper:
-    """The kernel's side of :mod:`fsdp_mini.labs.common.ranks_keeper`: start it, hear where the
+    """The kernel's side of :mod:`fsdp_mini.launcher.keeper`: start it, hear where the
     cluster is, tell it to stop (and kill its whole tree if it does not)."""
 
     def __init__(self, world_size: int):

@@ -1,6 +1,6 @@
 """The keeper of interactive ranks: the one process that starts them and the one that ends them.
 
-``start_ranks`` (:mod:`fsdp_mini.labs.common.interactive`) does not start ipyparallel's controller
+``start_ranks`` (:mod:`fsdp_mini.launcher.interactive`) does not start ipyparallel's controller
 and engines from the notebook's kernel. It starts this small process, which
 
     1. becomes a *subreaper* (Linux): every process it starts, and every process those start,
@@ -16,7 +16,7 @@ while the ranks are still starting) or to the engines (killed first, the kernel 
 The keeper runs in a session of its own and ignores SIGINT: interrupting a cell does not stop
 the ranks. SIGTERM and SIGHUP end it like ``stop``.
 
-    python ranks_keeper.py KERNEL_PID N CLUSTER_ID     # as a file: stdlib and ipyparallel only
+    python keeper.py KERNEL_PID N CLUSTER_ID     # as a file: stdlib and ipyparallel only
 """
 
 from __future__ import annotations

@@ -148,7 +148,14 @@ class Check:
         return f"{where}: {said}{right}"
 
     def hint(self, d: Divergence) -> str:
-        return next((h.text(d) for h in self.hints if _holds(h, d)), "")
+        for h in self.hints:
+            if _holds(h, d):
+                try:
+                    return h.text(d)
+                except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError,
+                        IndexError):
+                    continue  # Note: a hint whose words do not apply to these values
+        return ""
 
     # -- running ----------------------------------------------------------------------------------
 

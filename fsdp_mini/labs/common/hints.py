@@ -45,10 +45,16 @@ def divides_by(d, observable: str) -> float | None:
 
 
 def ranks_differ(d, observable: str) -> bool:
-    """In the first differing configuration, rank 0's and rank 1's ``observable`` differ."""
-    mine, step = d.table[d.config][0], d.where.get("step", 1)
-    one = mine.get(observable, rank=1, step=step)
-    return one is not None and not agree(mine.get(observable, rank=0, step=step), one, 1e-6).same
+    """In the first differing configuration, rank 0's and rank 1's ``observable`` differ where
+    the reference's agree (under sharding, ranks hold different shards by design)."""
+    mine, want = d.table[d.config]
+    step = d.where.get("step", 1)
+
+    def differ(record):
+        one = record.get(observable, rank=1, step=step)
+        return one is not None and not agree(record.get(observable, rank=0, step=step), one,
+                                             1e-6).same
+    return differ(mine) and not differ(want)
 
 
 def _raised(d, *words) -> bool:
