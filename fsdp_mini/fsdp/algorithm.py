@@ -192,6 +192,7 @@ class FSDP(WholeView, Strategy):
     sharded = ("params", "grads", "optim")
     traffic = "≈ 3Ψ"
     materializes_units = True  # a meta model is materialised one unit at a time (meta_init)
+    unit_type = Unit  # the class of its units (lab 05's scaffold drives its own subclass)
 
     def __init__(self, module: nn.Module, comm: Comm, recorder=None, units=(),
                  reshard_after_forward: bool = True, param_dtype: torch.dtype | None = None,
@@ -208,7 +209,7 @@ class FSDP(WholeView, Strategy):
         slots_by_unit = assign_slots(module, unit_names)
         module.register_forward_pre_hook(self._check_no_unfrozen)
         self.root = None  # the last unit built; units compare themselves with it
-        self.units = [Unit(self, m, unit_names.get(id(m), ""), slots_by_unit[id(m)],
+        self.units = [self.unit_type(self, m, unit_names.get(id(m), ""), slots_by_unit[id(m)],
                            reshard_after_forward) for m in list(units) + [module]]
         self.root = self.units[-1]
         ahead = int(prefetch)  # True means one unit ahead

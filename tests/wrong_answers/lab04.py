@@ -1,8 +1,9 @@
 """Lab 04's wrong answers: ZeRO-1 and ZeRO-2 with one slip each, as a learner writes them.
 
 Each is a small subclass of the reference solution that changes one method the way a learner might
-get it wrong. The checker runs it as the lab's later cells do (grad mode, the flat buffer, the
-wrapped optimizer's step and after_step, the tracker on the last step only).
+get it wrong. Each exercise's answers are judged in one batch by ``lab04.JUDGES`` (the code path
+of ``labs.check_zero1`` and ``labs.check_zero2``, beside the reference, at the lab's size);
+``names`` are phrases of the verdict that name the mistake.
 """
 
 import torch
@@ -13,14 +14,6 @@ from . import Wrong
 
 Zero1 = labs.load_solution("04_zero1", "MyZero1")
 Zero2 = labs.load_solution("04_zero2", "MyZero2")
-
-
-def zero1(cls):
-    return lambda: labs.check_zero1(cls)
-
-
-def zero2(cls):
-    return lambda: labs.check_zero2(cls)
 
 
 # -- exercise 1: ZeRO-1 ---------------------------------------------------------------------------
@@ -225,60 +218,35 @@ class Z2PassBody(Zero2):
 
 
 WRONG = [
-    Wrong("04_zero1", "every rank owns the whole buffer", zero1(Whole),
-          ("every rank owns the whole buffer", "no memory saved")),
-    Wrong("04_zero1", "ranks in the wrong order", zero1(SwappedRanks),
-          ("rank 0 would update elements [30, 60), which are rank 1's slice",)),
-    Wrong("04_zero1", "slice size from the unpadded count", zero1(NoPadding),
-          ("padding: with ψ = 59 elements on 2 ranks", "belong to no rank")),
-    Wrong("04_zero1", "inclusive slice end (hi + 1)", zero1(InclusiveEnd),
-          ("slice end off by one", "updated by two ranks", "excludes its end")),
-    Wrong("04_zero1", "slice end one short", zero1(EndOneShort),
-          ("slice end off by one", "belong to no rank", "excludes its end")),
-    Wrong("04_zero1", "missing / N", zero1(NoAverage),
-          ("gradients 2x too large", "divide the sum over ranks by the world size", "adamw hides it")),
-    Wrong("04_zero1", "divided by N twice", zero1(DividedTwice), ("did you divide twice",)),
-    Wrong("04_zero1", "all-reduce of the weights, not the gradients", zero1(AveragesTheWeights),
-          ("you averaged the weights, not the gradients",)),
-    Wrong("04_zero1", "a copy of the slice kept instead of a view", zero1(CopyOfSlice),
-          ("this rank's slice only, but zero-1 keeps the whole averaged gradient",
-           "self.shard.grad is a copy", "a view of your slice")),
-    Wrong("04_zero1", "ZeRO-2's reduce-scatter into a new shard", zero1(ReduceScatterIntoNewShard),
-          ("you reduce-scatter into a new shard: that is zero-2",)),
+    Wrong("04_zero1", "every rank owns the whole buffer", Whole, ("my_slice(): yours (0, 60), the reference (0, 30)", "every rank owns the whole buffer: no optimizer state saved")),
+    Wrong("04_zero1", "ranks in the wrong order", SwappedRanks, ("rank 0's my_slice(): yours (30, 60), the reference (0, 30)", "rank r owns slice r")),
+    Wrong("04_zero1", "slice size from the unpadded count", NoPadding, ("my_slice(): yours (0, 29), the reference (0, 30)", "59 parameters padded to 60", "element(s) 58..58 belong to no rank", "counts the parameters without the padding")),
+    Wrong("04_zero1", "inclusive slice end (hi + 1)", InclusiveEnd, ("my_slice(): yours (0, 60), the reference (0, 59)", "a python slice [start, stop) holds stop - start elements")),
+    Wrong("04_zero1", "slice end one short", EndOneShort, ("my_slice(): yours (0, 58), the reference (0, 59)", "element(s) 58..58 belong to no rank", "a python slice [start, stop) holds stop - start elements")),
+    Wrong("04_zero1", "missing / N", NoAverage, ("gradient shard rank 0's optimizer got in step 1", "(2x)", "right with world size 1", "n times too large", "divide the sum over ranks by the world size")),
+    Wrong("04_zero1", "divided by N twice", DividedTwice, ("gradient shard rank 0's optimizer got in step 1", "(0.5x)", "n times too small", "divided by n twice")),
+    Wrong("04_zero1", "all-reduce of the weights, not the gradients", AveragesTheWeights, ("'wrote into self.flat (the weights)': yours true, the reference false", "you averaged the weights", "not the gradients")),
+    Wrong("04_zero1", "a copy of the slice kept instead of a view", CopyOfSlice, ("'left self.shard.grad a view of flat_grad': yours false, the reference true", "zero-1 keeps the whole averaged gradient", "a view of your slice")),
+    Wrong("04_zero1", "ZeRO-2's reduce-scatter into a new shard", ReduceScatterIntoNewShard, ("yours makes 1 reduce_scatter of 236 b", "the reference's 1 all_reduce of 236 b is missing", "zero-2's move", "all-reduce flat_grad (2ψ)")),
     Wrong("04_zero1", "reduce-scatter into its slice, the rest left unreduced",
-          zero1(ReduceScatterIntoItsSlice), ("you reduce-scatter, zero-2's move", "all-reduce 2ψ")),
-    Wrong("04_zero1", "after_step with a pass body", zero1(PassAfterStep),
-          ("the ranks drift apart", "no all-gather of the parameters")),
-    Wrong("04_zero1", "after_step that gathers nothing", zero1(MarkOnlyAfterStep),
-          ("after step 1, rank 1's '", "the ranks drift apart", "no all-gather of the parameters")),
-    Wrong("04_zero1", "one rank skips the all-gather", zero1(OnlyRankZeroGathers),
-          ("collectivemismatcherror", "rank 0 issues all_gather 'params'")),
-    Wrong("04_zero1", "all-gather from self.shard (written in grad mode)", zero1(GathersFromTheParameter),
-          ("all-gathers from self.shard", "grad mode", "self.flat[start:stop]")),
-    Wrong("04_zero1", "async all-gather never waited", zero1(GatherNotWaited),
-          ("never waited",)),
-    Wrong("04_zero1", "an error in a rank", zero1(Raises),
-          ("raised valueerror: learner's bug (in reduce_gradients: `raise valueerror",)),
-    Wrong("04_zero2", "missing / N", zero2(Z2NoAverage), ("gradients 2x too large",)),
-    Wrong("04_zero2", "divided by N twice", zero2(Z2DividedTwice), ("did you divide twice",)),
-    Wrong("04_zero2", "all-reduce kept, a view of the whole gradient", zero2(Z2AllReduce),
-          ("the gradients were all-reduced (2ψ)", "gradients kept after the step: 240 b per rank")),
+          ReduceScatterIntoItsSlice, ("yours makes 1 reduce_scatter of 236 b", "the reference's 1 all_reduce of 236 b is missing", "zero-2's move")),
+    Wrong("04_zero1", "after_step with a pass body", PassAfterStep, ("the reference's 1 all_gather of 236 b is missing in yours", "no all-gather after the step", "the ranks drift apart")),
+    Wrong("04_zero1", "after_step that gathers nothing", MarkOnlyAfterStep, ("the reference's 1 all_gather of 236 b is missing in yours", "no all-gather after the step")),
+    Wrong("04_zero1", "one rank skips the all-gather", OnlyRankZeroGathers, ("collectivemismatcherror", "rank 0 issues all_gather 'params'", "the same collectives, in the same order")),
+    Wrong("04_zero1", "all-gather from self.shard (written in grad mode)", GathersFromTheParameter, ("created in no_grad mode", "self.comm.all_gather(self.flat, self.shard", "gather from a plain view, self.flat[start:stop], not from self.shard")),
+    Wrong("04_zero1", "async all-gather never waited", GatherNotWaited, ("collectives never waited for in step 1", "async_op=true was never waited for")),
+    Wrong("04_zero1", "an error in a rank", Raises, ("raised valueerror: learner's bug", "in reduce_gradients")),
+    Wrong("04_zero2", "missing / N", Z2NoAverage, ("gradient shard rank 0's optimizer got in step 1", "(2x)", "n times too large")),
+    Wrong("04_zero2", "divided by N twice", Z2DividedTwice, ("gradient shard rank 0's optimizer got in step 1", "(0.5x)", "divided by n twice")),
+    Wrong("04_zero2", "all-reduce kept, a view of the whole gradient", Z2AllReduce, ("yours makes 1 all_reduce of 236 b", "the gradients were all-reduced (2ψ)", "one reduce-scatter (ψ)")),
     Wrong("04_zero2", "the shard written into a slice of flat_grad (a view)",
-          zero2(Z2IntoASliceOfFlatGrad), ("zero-2 keeps only this rank's shard",
-                                          "a view of flat_grad")),
-    Wrong("04_zero2", "reduce-scatter into a whole-sized buffer", zero2(Z2IntoAWholeSizedBuffer),
-          ("the size of self.shard",)),
-    Wrong("04_zero2", "no reduction at all", zero2(Z2NoReduction),
-          ("the gradients were never averaged over the ranks",)),
-    Wrong("04_zero2", "one rank skips the reduce-scatter", zero2(Z2OnlyRankZeroReduces),
-          ("collectivemismatcherror", "rank 0 issues reduce_scatter 'grads'")),
-    Wrong("04_zero2", "async reduce-scatter never waited", zero2(Z2NotWaited), ("never waited",)),
-    Wrong("04_zero2", "another rank's slice of the sum", zero2(Z2SumOfTheWrongSlice),
-          ("the gradients were all-reduced (2ψ)",)),
-    Wrong("04_zero2", "a reference to flat_grad kept on self", zero2(Z2KeepsFlatGrad),
-          ("keeps a reference to flat_grad", "zero-2's saving is lost")),
-    Wrong("04_zero1", "a copy of flat_grad kept on self", zero1(Z1KeepsFlatGrad),
-          ("240 b of other tensors are still alive", "a reference to flat_grad, or to a copy of it")),
-    Wrong("04_zero2", "reduce_gradients with a pass body", zero2(Z2PassBody),
-          ("never averaged over the ranks",)),
+          Z2IntoASliceOfFlatGrad, ("'left self.shard.grad a view of flat_grad': yours true, the reference false", "a view keeps the whole buffer alive")),
+    Wrong("04_zero2", "reduce-scatter into a whole-sized buffer", Z2IntoAWholeSizedBuffer, ("reduce_scatter: the full tensor has 60 elements but 2 shards of 60", "self.flat.numel() // n elements, self.shard's size")),
+    Wrong("04_zero2", "no reduction at all", Z2NoReduction, ("the reference's 1 reduce_scatter of 236 b is missing in yours", "never averaged over the ranks")),
+    Wrong("04_zero2", "one rank skips the reduce-scatter", Z2OnlyRankZeroReduces, ("collectivemismatcherror", "rank 0 issues reduce_scatter 'grads'", "the same collectives, in the same order")),
+    Wrong("04_zero2", "async reduce-scatter never waited", Z2NotWaited, ("collectives never waited for in step 1", "async_op=true was never waited for")),
+    Wrong("04_zero2", "another rank's slice of the sum", Z2SumOfTheWrongSlice, ("yours makes 1 all_reduce of 236 b", "the gradients were all-reduced (2ψ)")),
+    Wrong("04_zero2", "a reference to flat_grad kept on self", Z2KeepsFlatGrad, ("bytes alive after step 1 'comm_buffers': yours 236, the reference 0", "keeps flat_grad, or a tensor made from it")),
+    Wrong("04_zero1", "a copy of flat_grad kept on self", Z1KeepsFlatGrad, ("bytes alive after step 1 'activations': yours 236, the reference 0", "keeps flat_grad, or a tensor made from it")),
+    Wrong("04_zero2", "reduce_gradients with a pass body", Z2PassBody, ("yours has none", "the optimizer got no gradient", "must set self.shard.grad")),
 ]

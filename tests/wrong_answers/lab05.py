@@ -2,9 +2,9 @@
 reduce-scatter, each with one slip, as a learner writes them.
 
 The units are small subclasses of the reference unit; the reductions variants of the reference
-function. The checker runs them as the lab's later cells do (grad mode, forward and backward, the
-optimizer's step, the tracker on the last step only) and asserts the lab's formulas (bytes per
-step, 16Ψ/N of model state, a gradient shard of 4Ψ/N) on the learner's own objects.
+function. Each exercise's answers are judged in one batch by ``lab05.JUDGES`` (the code path of
+``labs.check_unit`` and ``labs.check_reduce_scatter_grad``, beside the reference, at the lab's
+size); ``names`` are phrases of the verdict that name the mistake.
 """
 
 import torch
@@ -15,14 +15,6 @@ from . import Wrong
 
 Unit = labs.load_solution("05_my_unit", "MyUnit")
 reduce_scatter_grad = labs.load_solution("05_reduce_scatter_grad", "reduce_scatter_grad")
-
-
-def unit(cls):
-    return lambda: labs.check_unit(cls)
-
-
-def reduction(fn):
-    return lambda: labs.check_reduce_scatter_grad(fn, Unit)
 
 
 # -- exercise 1: the unit -------------------------------------------------------------------------
@@ -184,56 +176,29 @@ def wrong_rank_slice(flat_grad, comm, label):   # the order of ranks
 
 
 WRONG = [
-    Wrong("05_my_unit", "freed with del", unit(Del),
-          ("unit 'middle': its gathered parameters (128 b) were still alive after reshard",
-           "autograd holds it for backward", "untyped_storage().resize_(0)")),
-    Wrong("05_my_unit", "gathered into a new tensor", unit(NewTensor),
-          ("autograd saved views of the buffer gathered in forward",
-           "you gathered again into a new tensor, which those views do not see")),
-    Wrong("05_my_unit", "not gathered again before backward", unit(NoRegather),
-          ("gather the unit again in pre_backward",)),
-    Wrong("05_my_unit", "pre_backward with a pass body", unit(PassPreBackward),
-          ("gather the unit again in pre_backward",)),
-    Wrong("05_my_unit", "the root freed after forward", unit(RootFreed),
-          ("the root was freed after forward and all-gathered again before backward: 32 b more",)),
-    Wrong("05_my_unit", "post_forward with a pass body", unit(PassPostForward),
-          ("was still gathered after its forward",)),
-    Wrong("05_my_unit", "gathers again though gathered", unit(AlwaysGather),
-          ("all-gathered the root again before backward, though it was still gathered",)),
-    Wrong("05_my_unit", "storage sized without the padding", unit(NoPadding),
-          ("room for 15 elements, the unit's parameters without the padding",
-           "padded to 16 elements, a multiple of n")),
-    Wrong("05_my_unit", "storage sized in elements, not bytes", unit(Elements),
-          ("resize_ takes a number of bytes, not of elements",
-           "hint: how many bytes is one element?")),
-    Wrong("05_my_unit", "storage resized, never gathered", unit(ResizedNotGathered),
-          ("after unshard, self.full holds 15 elements but its storage has 15 b",)),
-    Wrong("05_my_unit", "all-gather into an empty storage", unit(GatherWithoutRoom),
-          ("all_gather into a tensor of", "its storage has room for 0 of them")),
-    Wrong("05_my_unit", "one rank skips the all-gather", unit(OnlyRankZeroGathers),
-          ("collectivemismatcherror", "all_gather")),
-    Wrong("05_my_unit", "async all-gather never waited", unit(GatherNotWaited), ("never waited",)),
-    Wrong("05_reduce_scatter_grad", "missing / N", reduction(no_average),
-          ("gradients 2x too large", "divide the sum over ranks by the world size")),
-    Wrong("05_reduce_scatter_grad", "divided by N twice", reduction(divided_twice),
-          ("did you divide twice",)),
-    Wrong("05_reduce_scatter_grad", "all-reduce instead", reduction(all_reduce),
-          ("the gradient was all-reduced (2ψ)",)),
-    Wrong("05_reduce_scatter_grad", "a slice (view) of flat_grad returned", reduction(slice_of_flat_grad),
-          ("fsdp keeps only this rank's shard", "a slice (a view) of flat_grad")),
+    Wrong("05_my_unit", "freed with del", Del, ("after its post_forward", "'bytes still gathered': yours 140, the reference 0", "you dropped self.full", "autograd holds the buffer", "untyped_storage().resize_(0)")),
+    Wrong("05_my_unit", "gathered into a new tensor", NewTensor, ("its storage is now empty", "you gathered again into a new tensor, which those views do not see")),
+    Wrong("05_my_unit", "not gathered again before backward", NoRegather, ("its storage is now empty", "gather it again in pre_backward")),
+    Wrong("05_my_unit", "pre_backward with a pass body", PassPreBackward, ("its storage is now empty", "gather it again in pre_backward")),
+    Wrong("05_my_unit", "the root freed after forward", RootFreed, ("unit 'root' after its post_forward", "yours 0, the reference 96", "the root was freed after forward", "reshard only when not is_root")),
+    Wrong("05_my_unit", "post_forward with a pass body", PassPostForward, ("unit '0' after its post_forward", "yours 140, the reference 0", "post_forward must free (reshard) every unit but the root")),
+    Wrong("05_my_unit", "gathers again though gathered", AlwaysGather, ("yours makes 1 all_gather of 96 b that the reference does not", "return at once when the unit is gathered already")),
+    Wrong("05_my_unit", "storage sized without the padding", NoPadding, ("room for 35 elements", "padded to 36 elements, a multiple of n", "the unit has 35 parameters")),
+    Wrong("05_my_unit", "storage sized in elements, not bytes", Elements, ("its storage has 24 b, room for 6 elements of 4 b", "resize_ takes a number of bytes")),
+    Wrong("05_my_unit", "storage resized, never gathered", ResizedNotGathered, ("after unshard, self.full must hold the unit's 24 elements", "its storage has 24 b, room for 6 elements")),
+    Wrong("05_my_unit", "all-gather into an empty storage", GatherWithoutRoom, ("all_gather into a tensor of 24 elements", "its storage has 0 b")),
+    Wrong("05_my_unit", "one rank skips the all-gather", OnlyRankZeroGathers, ("collectivemismatcherror", "rank 0 issues all_gather 'root/forward'", "the same collectives, in the same order")),
+    Wrong("05_my_unit", "async all-gather never waited", GatherNotWaited, ("your all_gather was issued with async_op=true and never waited", "call .wait()")),
+    Wrong("05_reduce_scatter_grad", "missing / N", no_average, ("gradient shards in step 1", "(2x)", "right with world size 1", "n times too large", "divide the sum over ranks by the world size")),
+    Wrong("05_reduce_scatter_grad", "divided by N twice", divided_twice, ("gradient shards in step 1", "(0.5x)", "n times too small", "divided by n twice")),
+    Wrong("05_reduce_scatter_grad", "all-reduce instead", all_reduce, ("yours makes 1 all_reduce of 96 b", "reduce_scatter of 96 b", "the gradient was all-reduced (2ψ)", "one reduce-scatter (ψ)")),
+    Wrong("05_reduce_scatter_grad", "a slice (view) of flat_grad returned", slice_of_flat_grad, ("'a view of flat_grad': yours true, the reference false", "a view keeps the unit's whole gradient alive")),
     Wrong("05_reduce_scatter_grad", "the shard copied back into flat_grad",
-          reduction(copied_back_into_flat_grad),
-          ("fsdp keeps only this rank's shard", "a slice (a view) of flat_grad")),
-    Wrong("05_reduce_scatter_grad", "output the size of the whole", reduction(whole_sized_output),
-          ("the output of the reduce-scatter has the whole unit's",)),
-    Wrong("05_reduce_scatter_grad", "no reduction at all", reduction(no_reduction),
-          ("the gradients were never averaged over the ranks",)),
-    Wrong("05_reduce_scatter_grad", "async reduce-scatter never waited", reduction(not_waited),
-          ("never waited",)),
-    Wrong("05_reduce_scatter_grad", "one rank skips the reduce-scatter", reduction(only_rank_zero),
-          ("collectivemismatcherror", "reduce_scatter")),
-    Wrong("05_reduce_scatter_grad", "the average computed, not returned", reduction(returns_nothing),
-          ("returned nothing",)),
-    Wrong("05_reduce_scatter_grad", "another rank's slice of the sum", reduction(wrong_rank_slice),
-          ("the gradient was all-reduced (2ψ)",)),
+          copied_back_into_flat_grad, ("'a view of flat_grad': yours true, the reference false", "a view keeps the unit's whole gradient alive")),
+    Wrong("05_reduce_scatter_grad", "output the size of the whole", whole_sized_output, ("reduce_scatter: the full tensor has 36 elements but 2 shards of 36", "n times the elements of each rank's part")),
+    Wrong("05_reduce_scatter_grad", "no reduction at all", no_reduction, ("reduce_scatter of 96 b, 1 reduce_scatter of 140 b are missing in yours", "never averaged over the ranks")),
+    Wrong("05_reduce_scatter_grad", "async reduce-scatter never waited", not_waited, ("your reduce_scatter was issued with async_op=true and never waited",)),
+    Wrong("05_reduce_scatter_grad", "one rank skips the reduce-scatter", only_rank_zero, ("collectivemismatcherror", "rank 0 issues reduce_scatter '0/grad'", "the same collectives, in the same order")),
+    Wrong("05_reduce_scatter_grad", "the average computed, not returned", returns_nothing, ("the gradient reduction returned none", "return this rank's averaged shard")),
+    Wrong("05_reduce_scatter_grad", "another rank's slice of the sum", wrong_rank_slice, ("yours makes 1 all_reduce of 96 b", "the gradient was all-reduced (2ψ)")),
 ]
