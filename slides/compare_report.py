@@ -145,6 +145,14 @@ def check_report(report, where: str) -> dict:
             for key in categories:
                 _number(where, categories, key, f"{here}.peak_by_category.{key}",
                         "bytes at the peak")
+            # Note: what the slides' own run adds (a report of `fsdp-mini compare --json` has
+            # neither; its figures then say the breakdown is missing)
+            for extra, what in (("at_peak", "bytes by category at the moment of the peak"),
+                                ("state_by_category", "bytes kept after a step, by category")):
+                if extra in rank:
+                    found = _field(where, rank, extra, f"{here}.{extra}", dict, what)
+                    for key in found:
+                        _number(where, found, key, f"{here}.{extra}.{key}", what)
     # Note: the decks show DDP's state as a multiple of FSDP's, and the bytes sent as multiples
     # of DDP's
     for name, key in (("fsdp", "persistent_bytes"), ("ddp", "sent_bytes_per_step")):

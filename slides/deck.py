@@ -47,6 +47,8 @@ class Slide:
     body: str    # Markdown, placeholders filled
     notes: str   # Markdown
     where: str   # "sections/05_fsdp.md:12", for errors
+    timing: int | None = None  # seconds the speaker has for it (reveal.js's data-timing)
+    kind: str = "slide"        # "slide", or one the build makes: "agenda", "your-turn", "break"
 
 
 def parse(path: Path, numbers: dict[str, str]) -> list[Slide]:
@@ -100,7 +102,8 @@ def check_numbers(body: str, file: str, first_line: int) -> None:
 _markdown = mistune.create_markdown(plugins=["table", "strikethrough"])
 
 
-def slide_html(slide: Slide, figures: dict[str, bytes], sources: dict[str, str]) -> str:
+def slide_html(slide: Slide, figures: dict[str, bytes], sources: dict[str, str],
+               min_font_px: dict[str, float] | None = None) -> str:
     wanted = []
 
     def mark(match):  # Note: a token mistune leaves alone; the figure goes in after rendering
@@ -112,21 +115,38 @@ def slide_html(slide: Slide, figures: dict[str, bytes], sources: dict[str, str])
         if name not in figures:
             raise DeckError(f"{slide.where}: no figure {name!r}; known: {', '.join(figures)}")
         data = base64.b64encode(figures[name]).decode()
-        return (f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}">'
+        width, height = png_size(figures[name])
+        smallest = (min_font_px or {}).get(name)
+        size = f' data-min-font-px="{smallest:.1f}"' if smallest else ""
+        return (f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}" '
+                f'width="{width}" height="{height}" data-figure="{name}"{size}>'
                 f'<figcaption>{html.escape(caption)} ({html.escape(sources[name])})'
                 f'</figcaption></figure>')
     body = LIVE.sub(lambda m: f"```python\n{m.group(1)}```\n", slide.body)
     body = re.sub(r"FIGURE-(\d+)-HERE", image, _markdown(FIGURE.sub(mark, body)))
-    return (f'<section data-source="{html.escape(slide.where)}">{body}'
-            f'<aside class="notes">{_markdown(slide.notes)}</aside></section>')
+    timing = f' data-timing="{slide.timing}"' if slide.timing is not None else ""
+    return (f'<section data-source="{html.escape(slide.where)}" data-kind="{slide.kind}"'
+            f'{timing}>{body}<aside class="notes">{_markdown(slide.notes)}</aside></section>')
 
 
-def reveal_html(title: str, slides: list[Slide], figures, sources, reveal: Path) -> str:
+def png_size(png: bytes) -> tuple[int, int]:
+    """A PNG's width and height in pixels (its IHDR chunk)."""
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+WIDTH, HEIGHT, MARGIN = 1280, 720, 0.04  # reveal.js's design size (16:9) and its margin
+# Note: the speaker view paces the talk only when defaultTiming (or totalTime) is set; every
+# slide the build makes carries its own data-timing, which wins over this default.
+DEFAULT_TIMING = 120
+
+
+def reveal_html(title: str, slides: list[Slide], figures, sources, reveal: Path,
+                min_font_px: dict[str, float] | None = None) -> str:
     """One file: reveal.js, its theme and the notes plugin inlined, figures as data URIs."""
     def asset(rel: str) -> str:
         return (reveal / rel).read_text(encoding="utf-8")
     theme = re.sub(r"@import url\([^)]*\);", "", asset("dist/theme/white.css"))
-    sections = "\n".join(slide_html(s, figures, sources) for s in slides)
+    sections = "\n".join(slide_html(s, figures, sources, min_font_px) for s in slides)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1.0">
@@ -136,26 +156,37 @@ def reveal_html(title: str, slides: list[Slide], figures, sources, reveal: Path)
 {sections}
 </div></div>
 <script>{asset("dist/reveal.js")}</script><script>{asset("plugin/notes/notes.js")}</script>
-<script>Reveal.initialize({{hash: true, slideNumber: "c/t", width: 1280, height: 800,
-  plugins: [RevealNotes]}});</script>
+<script>Reveal.initialize({{hash: true, slideNumber: "c/t", width: {WIDTH}, height: {HEIGHT},
+  margin: {MARGIN}, defaultTiming: {DEFAULT_TIMING}, plugins: [RevealNotes]}});</script>
 </body></html>
 """
 
 
-STYLE = """
-:root { --r-main-font: "DejaVu Sans", "Helvetica Neue", Arial, sans-serif;
-        --r-heading-font: var(--r-main-font); --r-main-font-size: 28px;
-        --r-heading-text-transform: none; }
-.reveal h1 { font-size: 1.9em; } .reveal h2 { font-size: 1.35em; }
-.reveal section { text-align: left; }
-.reveal figure { margin: 0.3em 0; text-align: center; }
-.reveal figure img { max-height: 480px; margin: 0; }
-.reveal figcaption { font-size: 0.5em; color: #666; }
-.reveal table { font-size: 0.7em; } .reveal pre { font-size: 0.5em; width: 100%; }
-/* A long table (the full day's agenda) gets a smaller type and tighter rows, to fit its slide. */
-.reveal table:has(tbody tr:nth-child(16)) { font-size: 0.5em; }
-.reveal table:has(tbody tr:nth-child(16)) td { padding: 0.1em 0.5em; }
-.reveal code { font-family: "DejaVu Sans Mono", monospace; }
+# Sizes are in the design's pixels (1280 x 720): shown on a 1280 x 720 screen, reveal.js scales
+# them by (1 - MARGIN), so code 26 px shows at 25 px, a figure's 16.7 px text at 16 px.
+CODE_PX, TEXT_PX, TABLE_PX, CAPTION_PX = 26, 26, 22, 16
+FIGURE_MAX_PX = 430  # a figure's height on a slide; the figures are drawn at most this tall
+STYLE = f"""
+:root {{ --r-main-font: "DejaVu Sans", "Helvetica Neue", Arial, sans-serif;
+        --r-heading-font: var(--r-main-font); --r-main-font-size: {TEXT_PX}px;
+        --r-heading-text-transform: none; --r-code-font: "DejaVu Sans Mono", monospace; }}
+.reveal h1 {{ font-size: 1.6em; }} .reveal h2 {{ font-size: 1.3em; margin-bottom: 0.4em; }}
+.reveal .slides section {{ text-align: left; padding: 0 0.8em; }}
+.reveal p {{ margin: 0 0 0.4em 0; }}
+.reveal ul, .reveal ol {{ margin: 0 0 0.4em 1.1em; }}
+.reveal li {{ margin-bottom: 0.15em; }}
+.reveal figure {{ margin: 0.1em 0; text-align: center; }}
+.reveal figure img {{ max-height: {FIGURE_MAX_PX}px; max-width: 100%; width: auto; height: auto;
+                      margin: 0; }}
+.reveal figcaption {{ font-size: {CAPTION_PX}px; color: #555; }}
+.reveal table {{ font-size: {TABLE_PX}px; }}
+.reveal table th, .reveal table td {{ padding: 0.2em 0.5em; }}
+.reveal pre {{ font-size: {CODE_PX}px; width: 100%; margin: 0.3em 0; box-shadow: none;
+               background: #f6f6f6; }}
+.reveal pre code {{ max-height: 420px; padding: 0.3em 0.4em; line-height: 1.25; }}
+.reveal code {{ font-family: var(--r-code-font); }}
+.reveal section[data-kind="your-turn"] h2, .reveal section[data-kind="break"] h2 {{
+  font-size: 1.7em; color: #1b6f66; }}
 """
 
 
@@ -203,23 +234,40 @@ def _markdown_cell(text: str, figures: dict[str, bytes]):
 
 # -- PDF -----------------------------------------------------------------------------------------
 
-def chromium() -> str | None:
-    return next((exe for exe in ("chromium", "chromium-browser", "google-chrome")
-                 if shutil.which(exe)), None)
+SYSTEM_CHROMIUMS = ("chromium", "chromium-browser", "google-chrome")
+INSTALL_CHROMIUM = ("install one: `apt-get install chromium` (Debian), or `pip install playwright "
+                    "&& playwright install chromium`")
 
 
-def pdf(html_file: Path, out: Path, timeout_ms: int = 120_000) -> bool:
-    """Print the deck from reveal.js's print view in headless Chromium (through Playwright):
-    one page per slide. False where no Chromium (or Playwright) is installed."""
-    exe = chromium()
+def find_chromium() -> tuple[str | None, str]:
+    """(the Chromium to print with, where it was found), or (None, why there is none): the
+    system's on the PATH (Debian's ``chromium``), else Playwright's own (``playwright install
+    chromium``). Printing goes through Playwright's Python package either way."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        return False
-    if exe is None:
-        return False
+        return None, "the Python package playwright is not installed (`pip install playwright`)"
+    for name in SYSTEM_CHROMIUMS:
+        found = shutil.which(name)
+        if found:
+            return found, f"{name} on the PATH"
+    try:
+        with sync_playwright() as p:
+            bundled = p.chromium.executable_path
+    except Exception as err:  # noqa: BLE001 (Playwright's driver failing to start: said below)
+        return None, f"no Chromium on the PATH, and Playwright's driver failed: {err}"
+    if bundled and Path(bundled).is_file():
+        return bundled, "Playwright's own Chromium"
+    return None, (f"no Chromium on the PATH ({', '.join(SYSTEM_CHROMIUMS)}) and none of "
+                  f"Playwright's own; {INSTALL_CHROMIUM}")
+
+
+def pdf(html_file: Path, out: Path, executable: str, timeout_ms: int = 120_000) -> Path:
+    """Print the deck from reveal.js's print view in headless Chromium (``executable``, through
+    Playwright): one page per slide. Returns ``out``; an error says why no PDF was made."""
+    from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=shutil.which(exe),
+        browser = p.chromium.launch(executable_path=executable,
                                     args=["--no-sandbox", "--disable-gpu"])
         try:
             page = browser.new_page()
@@ -238,4 +286,6 @@ def pdf(html_file: Path, out: Path, timeout_ms: int = 120_000) -> bool:
             page.pdf(path=str(out), prefer_css_page_size=True, print_background=True)
         finally:
             browser.close()
-    return out.is_file() and out.stat().st_size > 0
+    if not (out.is_file() and out.stat().st_size > 0):
+        raise OSError(f"Chromium wrote no PDF at {out}")
+    return out

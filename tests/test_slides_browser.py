@@ -1,8 +1,11 @@
-"""The workshop decks in headless Chromium: every slide of every deck renders (its figures loaded,
-its content inside the slide, no console error), the PDF has a page per slide, and a deck is
-presented live inside JupyterLab by RISE (jupyterlab-rise), its figures there, and one of its
-live code cells run on stage. Screenshots are kept (``FSDP_MINI_SCREENSHOTS`` or the test's tmp dir; a few are copied
-to /tmp/slides_*.png).
+"""The workshop decks in headless Chromium at 1280 x 720 (a projector's 16:9): every slide of
+every deck renders (its figures loaded, its content inside the slide, no console error), reads
+from the back of the room (code at least 24 px, the smallest text of each figure at least
+14 px as shown, every other text at least 14 px, no code line cut off), carries its timing for
+the speaker view; the PDF has a page per slide, and a deck is presented live inside JupyterLab
+by RISE (jupyterlab-rise), its figures there, and one of its live code cells run on stage.
+Screenshots of every slide are kept (``FSDP_MINI_SCREENSHOTS`` or the test's tmp dir; a few
+are copied to /tmp/slides_*.png).
 
     python -m pytest -m browser tests/test_slides_browser.py -s
 """
@@ -28,10 +31,22 @@ pytestmark = pytest.mark.browser
 READ_SLIDE = r"""() => {
   const s = Reveal.getCurrentSlide();
   const imgs = [...s.querySelectorAll("img")];
+  const shown = e => parseFloat(getComputedStyle(e).fontSize) * Reveal.getScale();
+  const code = [...s.querySelectorAll("pre code")];
+  const words = [...s.querySelectorAll("p, li, td, th, figcaption, h1, h2")]
+    .filter(e => e.textContent.trim());
   return {images: imgs.length, loaded: imgs.filter(i => i.complete && i.naturalWidth > 0).length,
           height: s.scrollHeight, room: Reveal.getConfig().height,
-          title: (s.querySelector("h1, h2") || {}).textContent || ""};
+          title: (s.querySelector("h1, h2") || {}).textContent || "",
+          code: code.map(shown), cut: code.filter(c => c.scrollWidth > c.clientWidth + 1).length,
+          text: words.length ? Math.min(...words.map(shown)) : null,
+          figures: imgs.map(i => ({name: i.dataset.figure,
+            smallest: parseFloat(i.dataset.minFontPx) * i.getBoundingClientRect().width /
+                      i.naturalWidth})),
+          timing: s.dataset.timing === undefined ? null : Number(s.dataset.timing)};
 }"""
+VIEWPORT = {"width": 1280, "height": 720}
+CODE_PX, FIGURE_TEXT_PX, TEXT_PX = 24, 14, 14  # the least, as a 1280 x 720 screen shows them
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +73,9 @@ def _shots(tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("name", ["workshop-3h", "full-day"])
-def test_every_slide_renders_with_its_figures_and_no_error(built, browser, name, tmp_path):
+def test_every_slide_renders_reads_and_fits_at_1280x720(built, browser, name, tmp_path):
     out, written = built
-    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page = browser.new_page(viewport=VIEWPORT)
     errors = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -70,24 +85,40 @@ def test_every_slide_renders_with_its_figures_and_no_error(built, browser, name,
     page.evaluate("Reveal.configure({transition: 'none', backgroundTransition: 'none'})")
     total = page.evaluate("Reveal.getTotalSlides()")
     assert total == written[name]["slides"]
-    shots, kept = _shots(tmp_path), []
+    # the speaker view (S) paces the talk only with a default timing beside the slides' own
+    assert page.evaluate("Reveal.getConfig().defaultTiming") is not None
+    assert sum(int(a["data-timing"]) for a in page.evaluate("Reveal.getSlidesAttributes()")) \
+        == written[name]["minutes"] * 60
+    shots, kept, least = _shots(tmp_path), [], {"code": [], "figure": [], "text": []}
     for i in range(total):
         page.evaluate(f"Reveal.slide({i})")
         assert wait_until(lambda: page.evaluate(READ_SLIDE)["loaded"] ==
                           page.evaluate(READ_SLIDE)["images"], 10), f"slide {i}: an image"
         seen = page.evaluate(READ_SLIDE)
-        assert seen["height"] <= seen["room"] * 1.02, \
-            f"{name} slide {i} ({seen['title']!r}) runs off the slide: {seen['height']} px"
-        if i in (0, 1) or (seen["images"] and len(kept) < 4):
-            shot = shots / f"{name}_{i:02d}.png"
-            page.screenshot(path=str(shot))
-            kept.append(shot)
+        where = f"{name} slide {i} ({seen['title']!r})"
+        assert seen["height"] <= seen["room"] * 1.02, f"{where} runs off the slide: " \
+                                                      f"{seen['height']} px"
+        assert all(px >= CODE_PX for px in seen["code"]), f"{where}: code at {seen['code']} px"
+        assert seen["cut"] == 0, f"{where}: a code line is wider than the slide"
+        for figure in seen["figures"]:
+            assert figure["smallest"] >= FIGURE_TEXT_PX, \
+                f"{where}: {figure['name']}'s smallest text shows at {figure['smallest']:.1f} px"
+        assert seen["text"] is None or seen["text"] >= TEXT_PX, f"{where}: text at {seen['text']}"
+        assert seen["timing"] is not None and seen["timing"] > 0, f"{where}: no data-timing"
+        least["code"] += seen["code"]
+        least["figure"] += [f["smallest"] for f in seen["figures"]]
+        least["text"] += [seen["text"]] if seen["text"] else []
+        shot = shots / f"{name}_{i:02d}.png"
+        page.screenshot(path=str(shot))
+        kept.append(shot)
     assert errors == [], errors
-    for shot in kept[:3]:
+    for shot in [k for k in kept if k.name.endswith(("_00.png", "_01.png"))]:
         shutil.copy(shot, f"/tmp/slides_{shot.name}")
     pdf = (out / f"{name}.pdf").read_bytes()
     assert len(re.findall(rb"/Type\s*/Page[^s]", pdf)) == total  # one page per slide
-    print(f"\n{name}: {total} slides rendered, screenshots {[s.name for s in kept]} in {shots}")
+    print(f"\n{name}: {total} slides at 1280x720; smallest code {min(least['code']):.1f} px, "
+          f"smallest figure text {min(least['figure']):.1f} px, smallest other text "
+          f"{min(least['text']):.1f} px; screenshots of every slide in {shots}")
     page.close()
 
 
@@ -98,7 +129,7 @@ def test_a_deck_is_presented_live_in_jupyterlab_by_rise(built, browser, tmp_path
     served.mkdir()
     shutil.copy(out / "workshop-3h.ipynb", served)
     with running_lab(served, tmp_path / "jupyterlab.log", tmp_path / "state") as lab:
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page = browser.new_page(viewport=VIEWPORT)
         page.goto(lab.url("rise/workshop-3h.ipynb"), timeout=60_000)
         page.wait_for_function("document.querySelectorAll('.reveal .slides > section').length > 0",
                                timeout=90_000)
