@@ -29,6 +29,8 @@ The plumbing lives in the other folders and imports from the algorithm, never th
     launcher/    launch(fn, N): run a function on N processes (gloo on CPU, NCCL on GPUs)
     telemetry/   events from the ranks (Recorder) and their totals (RunState), for watchers
     plots/       the figures, static (for GitHub, slides, the HTML copies of the labs)
+    debug/       looking into a job from outside: a training function watched on each rank,
+                 where hung ranks wait, torch's debug switches, flight recorder, FSDP2 beside ours
     widgets/     the live dashboard, the comparison and the planner, in a notebook
     jobs/        ready-made training jobs and the ``fsdp-mini`` command
     labs/        the lab kit: one folder per lab, and common/ for what every lab shares

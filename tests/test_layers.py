@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fsdp_mini"
-PLUMBING = ("models", "launcher", "telemetry", "plots", "widgets", "labs", "jobs")  # bottom up
+PLUMBING = ("models", "launcher", "telemetry", "plots", "debug", "widgets", "labs",  # bottom up
+            "jobs")
 STRATEGY_FAMILIES = ("ddp", "zero", "fsdp")   # fsdp/ is one family: algorithm, group, hsdp, ...
 COMMAND_LINE = "jobs.cli"                     # the top of the house: `fsdp-mini render-labs`
 # The warm-start helper imports, ahead of the fork, what the ranks will use; it calls none of it.
@@ -94,9 +95,10 @@ def labs_importing_other_labs(edges) -> list:
 
 def plumbing_importing_upward(edges) -> list:
     """The plumbing is in floors too (PLUMBING, bottom up): launcher and telemetry side by side
-    under plots, widgets, the lab kit and the jobs, as each folder's docstring says."""
-    floor = {"models": 0, "launcher": 1, "telemetry": 1, "plots": 2, "widgets": 3, "labs": 4,
-             "jobs": 5}
+    under plots and the debug tools (side by side), widgets, the lab kit and the jobs, as each
+    folder's docstring says."""
+    floor = {"models": 0, "launcher": 1, "telemetry": 1, "plots": 2, "debug": 2, "widgets": 3,
+             "labs": 4, "jobs": 5}
     return sorted((a, b) for a, b in edges - PRELOADS if a and _top(a) in floor
                   and _top(b) in floor and _top(a) != _top(b) and floor[_top(a)] <= floor[_top(b)])
 

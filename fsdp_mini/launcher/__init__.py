@@ -16,7 +16,8 @@ causes. Ranks stopped for taking too long raise `LaunchTimeoutError`, which says
 Files: core (launch, run_with_torchrun), inputs (argument checks, pickling), files (the launch
 folder and its lock), procs (start, watch, stop), warm and zygote (warm start), failures and text
 (the error), rank_entry (the rank side: ``python -m fsdp_mini.launcher.rank_entry``). The same training
-function runs under torchrun through `run_with_torchrun`. interactive and keeper: ranks that stay
+function runs under torchrun through `run_with_torchrun`; torchrun_cell starts torchrun itself
+from a notebook cell, bounded, and stops its whole process tree. interactive and keeper: ranks that stay
 alive across notebook cells (``%%px``, ipyparallel engines), ended by a keeper process once the
 kernel is gone. May import: the algorithm (``file_lock``)
 and ``models``; never telemetry, plots, widgets, the lab kit or the jobs.

@@ -1,9 +1,9 @@
 """Lab 09's wrong answers: each of the three broken training functions, half-fixed or fixed the
-wrong way, as learners write them. Every one runs on the checker's own ranks (a launch each).
+wrong way, as learners write them; each exercise's answers judged in one batch (JUDGES).
 
-Not here: the weights averaged after the step instead of the gradients before it. Under the lab's
-optimizer (SGD with momentum, linear in the gradient) that gives exactly the same weights, so no
-check of the weights can tell it apart (under Adam it would differ)."""
+The weights averaged after the step instead of the gradients before it give SGD + momentum's
+weights exactly (it is linear in the gradient): the check's AdamW configurations tell them
+apart."""
 
 import torch
 import torch.distributed as dist
@@ -31,11 +31,19 @@ def hand_written(rank, world_size, steps, seed=0, rows="own", divide=True, resee
             mine = torch.randperm(len(x))[:n]
         else:
             lo, hi = {"first": (0, n), "own": (rank * n, (rank + 1) * n),
+                      "fixed": (rank * 6, (rank + 1) * 6),
                       "end+1": (rank * n, (rank + 1) * n + 1),
                       "end-1": (rank * n, (rank + 1) * n - 1)}[rows]
             mine = slice(lo, hi)
         nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
         params = list(model.parameters())
+        if average == "weights":               # "average the models": after the step
+            optimizer.step()
+            optimizer.zero_grad()
+            for p in params:
+                dist.all_reduce(p.data)
+                p.data /= world_size
+            continue
         if average != "grads" and rank == 1:
             params = params[:-1]                # "the bias is tiny": rank 1 skips its all-reduce
         for p in params:
@@ -79,6 +87,14 @@ def e1_no_divide(rank, world_size, steps):
     return hand_written(rank, world_size, steps, divide=False)
 
 
+def e1_rows_of_two_ranks(rank, world_size, steps):
+    return hand_written(rank, world_size, steps, rows="fixed")
+
+
+def e1_weights_averaged_after_the_step(rank, world_size, steps):
+    return hand_written(rank, world_size, steps, average="weights")
+
+
 def e1_rank_1_skips_a_collective(rank, world_size, steps):
     return hand_written(rank, world_size, steps, average="all but rank 1's last")
 
@@ -96,6 +112,10 @@ def logged(rank, world_size, steps, how="every rank gathers", skip_last_on_rank=
         x, y = labs.debug_batch(step, rank, world_size)
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
+        if how == "before the step":           # every rank gathers, rank 0 prints: too early
+            weights = fsdp_mini.full_state_dict(model)
+            if rank == 0:
+                print(f"step {step}: loss {loss.item():.4f}, |w| {weights['0.weight'].norm():.4f}")
         optimizer.step()
         optimizer.zero_grad()
         if how == "every rank gathers":
@@ -139,6 +159,10 @@ def e2_every_rank_prints(rank, world_size, steps):
 
 def e2_returns_the_shard(rank, world_size, steps):
     return logged(rank, world_size, steps, returns="shard")
+
+
+def e2_logged_before_the_step(rank, world_size, steps):
+    return logged(rank, world_size, steps, how="before the step")
 
 
 def e2_rank_1_a_step_fewer(rank, world_size, steps):
@@ -224,61 +248,63 @@ def e3_loss_times_n(rank, world_size, steps):
     return clipped(rank, world_size, steps, scale=_times_n)
 
 
-def one(check, fn):
-    return lambda: check(fn)
-
-
 E1, E2, E3 = "09_seeds_and_data", "09_hang", "09_clipping"
-S, H, C = labs.check_seeds_and_data, labs.check_no_hang, labs.check_clipping
 
 WRONG = [
-    Wrong(E1, "as given: a seed per rank, every rank rank 0's rows", one(S, e1_as_given),
-          ("before any step", "seed every rank the same")),
-    Wrong(E1, "the seed fixed, every rank still on rank 0's rows", one(S, e1_seed_fixed_only),
-          ("every rank trained on the same rows (rank 0's)",)),
-    Wrong(E1, "the rows fixed, a seed per rank still", one(S, e1_rows_fixed_only),
-          ("before any step", "seed every rank the same")),
-    Wrong(E1, "random rows, the same draw on every rank", one(S, e1_same_random_rows),
-          ("the same random rows on every rank",)),
-    Wrong(E1, "random rows, each rank its own draw (seeds differ)",
-          one(S, e1_random_rows_per_rank), ("each rank drew its own random rows",)),
-    Wrong(E1, "slice end off by one (one row too many)", one(S, e1_slice_end_plus_one),
-          ("more than once", "off by one")),
-    Wrong(E1, "slice end off by one (one row too few)", one(S, e1_slice_end_minus_one),
-          ("never seen", "off by one")),
-    Wrong(E1, "the all-reduced gradient not divided by N", one(S, e1_no_divide),
-          ("2 times (n = 2) too large",)),
-    Wrong(E1, "rank 1 skips the all-reduce of one gradient", one(S, e1_rank_1_skips_a_collective),
-          ("collectives do not match", "skipped")),
-    Wrong(E2, "as given: full_state_dict on rank 0 only", one(H, e2_as_given),
-          ("collective under `if rank == 0`", "where they waited: rank 0 at `")),
-    Wrong(E2, "rank 0 logs model.state_dict() (its shard)", one(H, e2_state_dict_on_rank_0),
-          ("its shard, not the whole weight",)),
-    Wrong(E2, "rank 0 logs its parameter (a shard)", one(H, e2_parameter_on_rank_0),
-          ("its shard, not the whole weight",)),
-    Wrong(E2, "the logging removed", one(H, e2_logging_removed), ("must keep the logging",)),
-    Wrong(E2, "every rank prints", one(H, e2_every_rank_prints), ("printed |w| too",)),
-    Wrong(E2, "returns model.state_dict() (the shards)", one(H, e2_returns_the_shard),
-          ("returned their shards",)),
-    Wrong(E2, "rank 1 runs a step fewer", one(H, e2_rank_1_a_step_fewer),
-          ("rank 1 returned while", "fewer steps")),
-    Wrong(E3, "as given: loss / N, torch's clipping", one(C, e3_as_given),
-          ("gradientschangederror", "fsdp_mini.clip_grad_norm_(model",
-           "where the ranks were: rank 0 at `optimizer.step()`")),
-    Wrong(E3, "the clipping fixed, the loss still / N", one(C, e3_clip_fixed_only),
-          ("2 times (n = 2) too small: the loss was divided by the world size",)),
-    Wrong(E3, "the loss fixed, torch's clipping still", one(C, e3_loss_fixed_only),
-          ("gradientschangederror", "fsdp_mini.clip_grad_norm_(model")),
-    Wrong(E3, "clip_grad_norm_(model, MAX_NORM / world_size)", one(C, e3_max_norm_over_n),
-          ("max_norm / n", "global already", "too hard")),
-    Wrong(E3, "max_norm / N and the loss / N", one(C, e3_max_norm_and_loss_over_n),
-          ("max_norm / n", "loss divided by n")),
-    Wrong(E3, "the clipping removed", one(C, e3_clipping_removed),
-          ("the gradients were not clipped",)),
-    Wrong(E3, "clipped after optimizer.step()", one(C, e3_clip_after_step),
-          ("not clipped", "between backward() and optimizer.step()")),
-    Wrong(E3, "clipped before backward", one(C, e3_clip_before_backward),
-          ("not clipped", "between backward() and optimizer.step()")),
-    Wrong(E3, "the loss multiplied by N", one(C, e3_loss_times_n),
-          ("2 times (n = 2) too large",)),
+    Wrong(E1, "as given: a seed per rank, every rank rank 0's rows", e1_as_given,
+          ("rank 1's weights when step 1 began", 'right with world size 1', 'one seed on every rank')),
+    Wrong(E1, "the seed fixed, every rank still on rank 0's rows", e1_seed_fixed_only,
+          ('rows 0-5 twice, rows 6-11 never', 'every rank was fed the same rows')),
+    Wrong(E1, "the rows fixed, a seed per rank still", e1_rows_fixed_only,
+          ("rank 1's weights when step 1 began", 'one seed on every rank')),
+    Wrong(E1, "random rows, the same draw on every rank", e1_same_random_rows,
+          ('the rows the nets were fed in step 1', 'twice', 'never', 'every rank was fed the same rows')),
+    Wrong(E1, "random rows, each rank its own draw (seeds differ)", e1_random_rows_per_rank,
+          ('the rows the nets were fed in step 1', 'twice', 'never', 'not the batch once', 'one seed for all')),
+    Wrong(E1, "slice end off by one (one row too many)", e1_slice_end_plus_one,
+          ('row 6 twice', 'a slice end off by one')),
+    Wrong(E1, "slice end off by one (one row too few)", e1_slice_end_minus_one,
+          ('row 11 never', 'a slice end off by one')),
+    Wrong(E1, "rows cut by a fixed count (6: right on 2 ranks only)", e1_rows_of_two_ranks,
+          ('at world size 1', 'rows 6-11 never', 'n = len(x) // world_size')),
+    Wrong(E1, "the all-reduced gradient not divided by N", e1_no_divide,
+          ('what step 1 changed', '(2x)', "n times the reference's", 'not divided by world_size')),
+    Wrong(E1, "the weights averaged after the step", e1_weights_averaged_after_the_step,
+          ("what step 1 changed in rank 0's weights", "after optimizer.step() the ranks' weights differ", 'average the gradients before the step')),
+    Wrong(E1, "rank 1 skips the all-reduce of one gradient", e1_rank_1_skips_a_collective,
+          ('sigabrt', 'the same collectives in the same order')),
+    Wrong(E2, "as given: full_state_dict on rank 0 only", e2_as_given,
+          ('the ranks hung: rank 0 waited in', 'rank 1 waited', 'under `if rank == 0`')),
+    Wrong(E2, "rank 0 logs model.state_dict() (its shard)", e2_state_dict_on_rank_0,
+          ("the reference's 1 all_gather of 236 b is missing in yours", 'the gather to log')),
+    Wrong(E2, "rank 0 logs its parameter (a shard)", e2_parameter_on_rank_0,
+          ("the reference's 1 all_gather of 236 b is missing in yours", 'the gather to log')),
+    Wrong(E2, "the logging removed", e2_logging_removed,
+          ('the |w| rank 0 printed in line 1: the reference has', 'yours has none', 'keep the log')),
+    Wrong(E2, "every rank prints", e2_every_rank_prints,
+          ('the |w| rank 1 printed', 'which the reference does not', 'only rank 0 prints')),
+    Wrong(E2, "returns model.state_dict() (the shards)", e2_returns_the_shard,
+          ("shape (28,) float32, the reference's (7, 4)", "model.state_dict() is a rank's 1-d shard")),
+    Wrong(E2, "the weights logged before the step", e2_logged_before_the_step,
+          ('collectives in step 1: yours makes 1 all_gather', 'before optimizer.step() that the reference makes after it')),
+    Wrong(E2, "rank 1 runs a step fewer", e2_rank_1_a_step_fewer,
+          ('the ranks hung', 'rank 1 had returned after 3 steps', 'another number of steps')),
+    Wrong(E3, "as given: loss / N, torch's clipping", e3_as_given,
+          ('gradientschangederror', 'fsdp_mini.clip_grad_norm_(model, max_norm)')),
+    Wrong(E3, "the clipping fixed, the loss still / N", e3_clip_fixed_only,
+          ('what step 1 changed', "1/n of the reference's", 'the loss was divided by n')),
+    Wrong(E3, "the loss fixed, torch's clipping still", e3_loss_fixed_only,
+          ('gradientschangederror', "torch's clip_grad_norm_ sees this rank's shard only")),
+    Wrong(E3, "clip_grad_norm_(model, MAX_NORM / world_size)", e3_max_norm_over_n,
+          ('max norm 0.05', '(0.5x)', 'clipped n times too hard')),
+    Wrong(E3, "max_norm / N and the loss / N", e3_max_norm_and_loss_over_n,
+          ("1/n of the reference's: the loss was divided by n", 'clipped n times too hard')),
+    Wrong(E3, "the clipping removed", e3_clipping_removed,
+          ('(15.8x)', 'wrong where the reference clips', 'between backward() and step()')),
+    Wrong(E3, "clipped after optimizer.step()", e3_clip_after_step,
+          ('(15.8x)', 'wrong where the reference clips', 'between backward() and step()')),
+    Wrong(E3, "clipped before backward", e3_clip_before_backward,
+          ('(15.8x)', 'wrong where the reference clips', 'between backward() and step()')),
+    Wrong(E3, "the loss multiplied by N", e3_loss_times_n,
+          ("n times the reference's", 'where nothing is clipped')),
 ]

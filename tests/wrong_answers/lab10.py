@@ -1,10 +1,9 @@
 """Lab 10's wrong answers: ``port_to_fsdp2`` (fsdp_mini's units with torch's ``fully_shard``)
-ported the way a learner gets it wrong. Each runs the checker itself (a launch of 2 ranks)."""
+ported the way a learner gets it wrong; judged in one batch (JUDGES)."""
 
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from fsdp_mini import labs
 
 from . import Wrong
 
@@ -115,35 +114,51 @@ def model_cast(model, param_dtype=None, lr=1e-3):
     return model, torch.optim.AdamW(model.parameters(), lr=lr)
 
 
-def check(fn):
-    return lambda: labs.check_port_to_fsdp2(fn)
+def other_betas(model, param_dtype=None, lr=1e-3):
+    for block in model.blocks:              # "the betas of the paper I read": trains almost alike
+        fully_shard(block, mp_policy=_policy(param_dtype))
+    fully_shard(model, mp_policy=_policy(param_dtype))
+    return model, torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95))
+
+
+def weight_decay_off(model, param_dtype=None, lr=1e-3):
+    for block in model.blocks:
+        fully_shard(block, mp_policy=_policy(param_dtype))
+    fully_shard(model, mp_policy=_policy(param_dtype))
+    return model, torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
 
 
 WRONG = [
-    Wrong(EX, "the root not wrapped", check(root_not_wrapped),
-          ("the root is not wrapped", "gradients are never averaged")),
-    Wrong(EX, "the blocks not wrapped", check(blocks_not_wrapped),
-          ("0 of the 2 blocks are units", "1 all-gather per step instead of 5")),
-    Wrong(EX, "the optimizer built before fully_shard", check(optimizer_first),
-          ("the optimizer holds 26 parameters the model no longer uses", "built before fully_shard")),
-    Wrong(EX, "no MixedPrecisionPolicy", check(no_policy),
-          ("bf16: the blocks compute in torch.float32, but torch.bfloat16 was asked",)),
-    Wrong(EX, "fully_shard on the ModuleList", check(module_list),
-          ("fully_shard on model.blocks, the modulelist", "wrap each block")),
-    Wrong(EX, "the policy on the root only", check(policy_on_root_only),
-          ("do not all compute in the same dtype", "give every fully_shard call the same mp_policy")),
-    Wrong(EX, "no reduce_dtype=torch.float32", check(no_reduce_dtype),
-          ("reduce-scattered in bf16", "no reduce_dtype=torch.float32")),
-    Wrong(EX, "reshard_after_forward=False on the blocks", check(kept_gathered),
-          ("reshard_after_forward=false",)),
-    Wrong(EX, "attention and MLP as units, not the blocks", check(per_layer),
-          ("smaller than the blocks",)),
-    Wrong(EX, "the root wrapped before the blocks", check(root_first),
-          ("before the blocks",)),
-    Wrong(EX, "SGD instead of AdamW", check(sgd), ("the optimizer is sgd", "adamw")),
-    Wrong(EX, "the learning rate hard-coded", check(lr_hard_coded), ("lr", "0.0003")),
-    Wrong(EX, "the policy on the blocks only", check(policy_on_blocks_only),
-          ("same mp_policy",)),
-    Wrong(EX, "the model cast to bf16 instead of a policy", check(model_cast),
-          ("cast", "mixedprecisionpolicy")),
+    Wrong(EX, "the root not wrapped", root_not_wrapped,
+          ("the fsdp units: yours 'blocks.0, blocks.1'", 'fully_shard(model) is missing')),
+    Wrong(EX, "the blocks not wrapped", blocks_not_wrapped,
+          ("the fsdp units: yours 'the root', the reference 'the root, blocks.0, blocks.1'", 'each block a unit')),
+    Wrong(EX, "the optimizer built before fully_shard", optimizer_first,
+          ('yours "0 of its 26 parameters are the model\'s"', 'build the optimizer after it')),
+    Wrong(EX, "no MixedPrecisionPolicy", no_policy,
+          ("['param_dtype']: yours 'torch.float32', the reference 'torch.bfloat16'", "right with dtype 'fp32', wrong with 'bf16'")),
+    Wrong(EX, "fully_shard on the ModuleList", module_list,
+          ('containers that do not implement forward', 'wraps the modulelist')),
+    Wrong(EX, "the policy on the root only", policy_on_root_only,
+          ("'the root'['reduce_dtype']: yours 'torch.bfloat16'", 'reduce the gradients in fp32')),
+    Wrong(EX, "no reduce_dtype=torch.float32", no_reduce_dtype,
+          ("['reduce_dtype']: yours 'torch.bfloat16', the reference 'torch.float32'", 'reduce the gradients in fp32')),
+    Wrong(EX, "reshard_after_forward=False on the blocks", kept_gathered,
+          ("['reshard_after_forward']: yours false", 'reshard_after_forward=true')),
+    Wrong(EX, "attention and MLP as units, not the blocks", per_layer,
+          ('blocks.0.attn, blocks.0.mlp', 'smaller units than the blocks')),
+    Wrong(EX, "the root wrapped before the blocks", root_first,
+          ("the fsdp units: yours 'the root'", 'the blocks first')),
+    Wrong(EX, "SGD instead of AdamW", sgd,
+          ("the optimizer: yours 'sgd', the reference 'adamw'",)),
+    Wrong(EX, "the learning rate hard-coded", lr_hard_coded,
+          ("['lr']: yours 0.0003, the reference 0.001",)),
+    Wrong(EX, "the policy on the blocks only", policy_on_blocks_only,
+          ("'the root'['param_dtype']: yours 'torch.float32'", 'the same mp_policy on every fully_shard call')),
+    Wrong(EX, "the model cast to bf16 instead of a policy", model_cast,
+          ("['reduce_dtype']: yours 'torch.bfloat16'", 'reduce the gradients in fp32')),
+    Wrong(EX, "AdamW with other betas", other_betas,
+          ("['betas']: yours (0.9, 0.95), the reference (0.9, 0.999)",)),
+    Wrong(EX, "AdamW without its weight decay", weight_decay_off,
+          ("['weight_decay']: yours 0, the reference 0.01",)),
 ]

@@ -1,137 +1,113 @@
-"""Lab 10: to production. The same job under fsdp_mini and under torch's own DDP and FSDP2
-(``fully_shard``), measured side by side; a script under torchrun; the checker of your port.
-
-    per_rank = fsdp_mini.launch(labs.measure_side_by_side, 2)   # memory, bytes, time, losses
-    labs.torchrun("train.py", nproc=2)                          # torchrun, bounded, no leftovers
-    labs.check_port_to_fsdp2(port_to_fsdp2)                     # ✔/✘ lines on 2 ranks
-
-Bytes: fsdp_mini's ledger sees only fsdp_mini's collectives. For torch, :class:`CollectiveBytes`
-watches the collectives that reach torch's dispatcher (``c10d`` ops: FSDP2's all-gathers and
-reduce-scatters, DDP's bucket all-reduces) and prices each with the same ring model as the ledger.
+"""Lab 10, the check of ``port_to_fsdp2``: beside the reference port on 1-4 ranks, a GPT whose
+LayerNorms are shorter than N and the lab's, fp32 and bf16, 4 steps, compared on what FSDP2 made
+of each (:mod:`fsdp_mini.debug.fsdp2_view`: units, policies, placements, the optimizer and every
+setting of it), then each step's collectives, loss and each rank's shards of the weights.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
-from contextlib import nullcontext
-from functools import partial
+import traceback
 
 import torch
-import torch.distributed as dist
 
-from .dispatch_bytes import CollectiveBytes
-from .four_jobs import KINDS, build
-from .port_check import check_port_to_fsdp2, judge_port, port_runs  # noqa: F401
-from .torchrun_cell import torchrun
+from ...debug.dispatch_bytes import CollectiveBytes
+from ...debug.fsdp2_view import held_by, local_weights, optimizer_settings, placements, units
+from ...launcher.torchrun_cell import torchrun
+from ...models import GPTConfig, SyntheticText, make_model
+from ..common.differential import Check, Hint, spread
+from ..common.exercise import load_solution, not_written_yet
+from ..common.report import CheckResult, verdict_of_check
 
-__all__ = [
-    "KINDS",
-    "CollectiveBytes",
-    "check_port_to_fsdp2",
-    "measure_hsdp",
-    "measure_side_by_side",
-    "torchrun",
+__all__ = ["check_port_to_fsdp2", "torchrun"]
+
+STEPS, NETS = 4, {"small": GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=1, n_embd=3),
+        "tiny": GPTConfig.tiny()}   # small: a LayerNorm of 3 values, less than N = 4 ranks
+
+
+def _observe(port, cfg, record) -> None:
+    torch.set_num_threads(1)
+    gpt, n, rank = NETS[cfg["net"]], cfg["world_size"], record.rank
+    dtype, net = {"bf16": {"param_dtype": torch.bfloat16}}.get(cfg["dtype"], {}), make_model(gpt)
+    try:
+        got = port(net, **dtype)
+    except Exception as e:  # noqa: BLE001  (the learner's code: what it made so far, then why)
+        record.fail(e, traceback.format_exc())
+        record.error = (record.error[0], str(e).split("\n")[0][:300], record.error[2])
+        return record.see("units", ", ".join(units(net)), step=0) if units(net) else None
+    if not (isinstance(got, tuple) and len(got) == 2):
+        return record.see("returned", f"a {type(got).__name__}, not (model, optimizer)", step=0)
+    model, opt = got
+    for name, value in (("units", ", ".join(units(model)) or "none"), ("policies", units(model)),
+                        ("placements", placements(model)), ("optimizer class", type(opt).__name__),
+                        ("optimizer", optimizer_settings(opt)), ("holds", held_by(opt, model))):
+        record.see(name, value, step=0)
+    data = SyntheticText(gpt.vocab_size, gpt.block_size)
+    for step in range(1, STEPS + 1):
+        x, y = data.local_batch(step, 12, rank, n)
+        with CollectiveBytes(n) as sent:
+            loss = model(x, y)[1]
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        record.see("collectives", tuple(sorted(sent.calls)), step=step)
+        record.see("loss", loss.item(), step=step)
+        record.see("weights", local_weights(model), step=step)
+
+
+def _configs(world_size: int = 2) -> list:
+    return spread(world_size=[1, 2, 3, 4], dtype=["fp32", "bf16"], net=["small"]) + \
+        spread(world_size=[world_size], dtype=["fp32", "bf16"], net=["tiny"])
+
+
+HINTS = [
+    Hint(lambda d: d.raised and "forward" in d.raised[1], "fully_shard(model.blocks) wraps the "
+         "ModuleList, which has no forward: wrap each block (`for block in model.blocks: "
+         "fully_shard(block)`), then fully_shard(model)"),
+    Hint(lambda d: d.observable == "returned", "return model, optimizer"),
+    Hint(lambda d: d.observable == "units" and "root" not in d.mine, "fully_shard(model) is "
+         "missing: the embeddings, the final norm and the head stay whole on every rank and "
+         "their gradients are never averaged; call it once, after the blocks"),
+    Hint(lambda d: d.observable == "units" and len(d.mine) > len(d.want), "smaller units than "
+         "the blocks: more, smaller collectives, each paying its latency; one unit per block"),
+    Hint(lambda d: d.observable == "units", "each block a unit (fsdp_mini's units=list("
+         "model.blocks)): fully_shard(block) for each, then fully_shard(model), the blocks first"),
+    Hint(lambda d: d.observable == "policies" and "reshard" in d.path, "the default reshard_"
+         "after_forward=True: False keeps each block whole from forward to backward"),
+    Hint(lambda d: d.observable == "policies" and "reduce_dtype" in d.path, "reduce the "
+         "gradients in fp32: MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype="
+         "torch.float32); a sum of N bf16 gradients loses precision"),
+    Hint(lambda d: d.observable == "policies", "the same mp_policy on every fully_shard call: "
+         "MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) when "
+         "param_dtype is given, the default policy when it is None (a cast model is no policy)"),
+    Hint(lambda d: d.observable == "placements", "a parameter not a DTensor was left out of "
+         "every fully_shard call: the blocks, then the root, cover every parameter"),
+    Hint(lambda d: d.observable == "holds", "fully_shard replaces every parameter by a DTensor: "
+         "build the optimizer after it, from model.parameters()"),
+    Hint(lambda d: d.observable.startswith("optimizer"), "torch.optim.AdamW(model.parameters(), "
+         "lr=lr) and nothing else: the lr argument, every other setting its default"),
 ]
-
-def measure_side_by_side(rank, world_size, model="tiny", steps=3, global_batch=4, kinds=KINDS):
-    """Train the GPT under each of ``kinds`` in turn, same data, AdamW. Per kind: ``state`` and
-    ``by_category`` after the last step's update, ``peak_by_category`` and ``own_peak`` of that
-    step (``track_memory``), ``sent`` by collective in that step (the dispatcher's view,
-    :class:`CollectiveBytes`) and ``ledger`` (fsdp_mini's own record, None for torch), ``calls``
-    (the collectives of that step), ``first_seconds`` (step 0, with the one-off set-up) and the
-    median ``seconds`` of the warm steps between (``first_opt_seconds``, ``opt_seconds``: the same
-    for ``opt.step()`` alone), ``losses``. Under ``"dtensor"``: what FSDP2 made of the
-    first parameters (placements, local and full shapes, ``full_tensor()`` equal to the
-    unsharded weight)."""
-    import fsdp_mini
-
-    from ...memory import PERSISTENT
-    from ...models import GPTConfig, SyntheticText, make_model
-    torch.set_num_threads(1)
-    cfg = GPTConfig.sized(model)
-    data = SyntheticText(cfg.vocab_size, cfg.block_size)
-    out = {}
-    for kind in kinds:
-        net, opt = build(kind, make_model(cfg))
-        if kind == "torch fully_shard":
-            out["dtensor"] = _dtensor_view(net, make_model(cfg))
-        ledger = getattr(getattr(net, "fsdp_mini", None), "comm", None)
-        ledger = ledger.ledger if ledger else None
-        losses, seconds, opt_seconds = [], [], []
-        for step in range(steps):
-            x, y = data.local_batch(step, global_batch, rank, world_size)
-            last = step == steps - 1
-            if ledger is not None:
-                ledger.next_step()
-            dist.barrier()
-            with (fsdp_mini.track_memory(net, opt) if last else nullcontext()) as mem, \
-                    (CollectiveBytes(world_size) if last else nullcontext()) as sent:
-                start = time.perf_counter()
-                _, loss = net(x, y)
-                loss.backward()
-                before_step = time.perf_counter()
-                opt.step()
-                opt_seconds.append(time.perf_counter() - before_step)
-                if last:
-                    mem.mark("after_step")
-                opt.zero_grad()
-                seconds.append(time.perf_counter() - start)
-            losses.append(loss.item())
-        after = next(s.by_category for s in mem.snapshots if s.label == "after_step")
-        out[kind] = {
-            "state": sum(after[c] for c in PERSISTENT), "by_category": after,
-            "peak_by_category": mem.peak_by_category, "own_peak": mem.own_peak_bytes,
-            "sent": sent.totals(), "calls": list(sent.calls),
-            "ledger": (None if ledger is None else
-                       {op: t.sent_bytes for op, t in ledger.totals(step=ledger.step).items()}),
-            # Note: step 0 builds what each library sets up lazily (and AdamW's state), and the
-            # last one is slowed by the measuring: the warm steps are those between.
-            "first_seconds": seconds[0], "losses": losses,
-            "seconds": statistics.median(seconds[1:-1] or seconds[:-1] or seconds),
-            "first_opt_seconds": opt_seconds[0],
-            "opt_seconds": statistics.median(opt_seconds[1:-1] or opt_seconds[:-1] or opt_seconds),
-            "params": sum(p.numel() for p in make_model(cfg).parameters())}
-        del net, opt
-    return out
+WORDS = {"units": "the FSDP units", "policies": "the units' policies", "optimizer class":
+         "the optimizer", "optimizer": "the optimizer's settings", "holds": "what the optimizer "
+         "holds", "returned": "what port_to_fsdp2 returned", "weights": "rank {rank}'s shards of "
+         "the weights after step {step}", **{k: f"rank {{rank}}'s {k} in step {{step}}" for k in (
+             "collectives", "loss")}}
+PORT = Check("your port to FSDP2", _observe, [], ("returned", "units", "policies", "placements",
+             "optimizer class", "optimizer", "holds", "collectives", "loss", "weights"),
+             {"loss": 1e-4, "weights": 1e-4}, WORDS, HINTS, "the same units, policies, "
+             "placements and optimizer as the reference port, and the same training",
+             on_ranks=True, timeout=30)
 
 
-def _dtensor_view(net, plain) -> list[dict]:
-    """The first three parameters of an FSDP2 model as DTensors, beside the unsharded ones."""
-    rows = []
-    for (name, p), q in list(zip(net.named_parameters(), plain.parameters()))[:3]:
-        full = p.full_tensor()  # Note: a collective: every rank calls it
-        rows.append({"name": name, "type": type(p).__name__, "placements": str(p.placements),
-                     "local": tuple(p.to_local().shape), "full": tuple(full.shape),
-                     "equal": bool(torch.equal(full, q.detach()))})
-    return rows
+@verdict_of_check
+def check_port_to_fsdp2(fn, world_size: int = 2) -> CheckResult:  # the lab's GPT at world_size
+    result = CheckResult(PORT.what)
+    if not_written_yet(fn):
+        return result.wrong("not written yet", hint="replace `...` with your code, run the cell, "
+                            "then this check").finish()
+    return PORT(fn, load_solution("10_port_to_fsdp2", "port_to_fsdp2"), result,
+                _configs(world_size)).finish()
 
 
-# -- HSDP: bytes inside a shard group and across groups ----------------------------------------
-
-def measure_hsdp(rank, world_size, shard_size, model="tiny", steps=2, global_batch=4):
-    """Train the GPT under ``hsdp`` with ``shard_size`` ranks per group; this rank's bytes of the
-    last step by ledger group (``"shard"``, ``"replicate"``) and by group and collective
-    (``by_op``: ``{"replicate all_reduce": ..., ...}``), the formulas' total
-    (``expected_costs``), the padded Ψ and the losses."""
-    import fsdp_mini
-
-    from ...models import GPTConfig, SyntheticText, make_model
-    from ...training import train
-    torch.set_num_threads(1)
-    cfg = GPTConfig.sized(model)
-    data = SyntheticText(cfg.vocab_size, cfg.block_size)
-    net = make_model(cfg)
-    net, opt = fsdp_mini.parallelize(net, "hsdp", units=list(net.blocks), shard_size=shard_size,
-                                     optimizer=partial(torch.optim.AdamW, lr=1e-3))
-    run = train(net, opt, lambda s: data.local_batch(s, global_batch, rank, world_size), steps)
-    ledger = net.fsdp_mini.comm.ledger
-    last = [r for r in ledger.records if r.step == ledger.steps()[-1]]
-    by_op = {}
-    for r in last:
-        by_op[(r.group, r.op)] = by_op.get((r.group, r.op), 0) + r.sent_bytes
-    return {"by_group": {g: sum(r.sent_bytes for r in last if r.group == g)
-                         for g in ("shard", "replicate")},
-            "by_op": {f"{g} {op}": b for (g, op), b in sorted(by_op.items())},
-            "expected": fsdp_mini.expected_costs(net)["sent_bytes_per_step"],
-            "padded": net.fsdp_mini.padded_numel(), "losses": run.losses}
+# What tests/wrong_answers/ judges many answers with: the port's check, one batch
+JUDGES = {"10_port_to_fsdp2": lambda answers: PORT.judge_many(
+    answers, load_solution("10_port_to_fsdp2", "port_to_fsdp2"), _configs())}

@@ -1,4 +1,4 @@
-"""Lab 09, section 5: the Python stack of every rank of a hung job, taken while it hangs.
+"""The Python stack of every rank of a hung job, taken while it hangs.
 
 Two ways on a cluster, both from outside the job and without stopping it:
 - a signal the program asked :mod:`faulthandler` to answer (``faulthandler.register(SIGUSR1)``

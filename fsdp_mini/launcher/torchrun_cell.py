@@ -1,4 +1,5 @@
 """torchrun from a notebook cell: the command a learner would type, bounded, leaving no process.
+In the launcher because it starts and stops ranks (torchrun's, found through /proc like procs.py's).
 
     text = labs.torchrun("train.py", nproc=2)   # prints `$ torchrun --standalone ...`, returns output
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ...comm.ledger import ring_bytes
+from ..comm.ledger import ring_bytes
 
 __all__ = ["CollectiveBytes"]
 

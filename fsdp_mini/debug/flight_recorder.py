@@ -1,4 +1,4 @@
-"""Lab 09, section 5: torch's flight recorder on gloo ranks, its dumps and torch's analyser.
+"""torch's flight recorder on gloo ranks, its dumps and torch's analyser.
 
 The flight recorder keeps, in each rank, a ring of the last collectives it issued (op, sizes,
 sequence number, Python stack). With NCCL its watchdog writes the ring to a file when a
