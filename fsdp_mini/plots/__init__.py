@@ -2,7 +2,8 @@
 
 Every function takes the events (a list of dicts), a :class:`~fsdp_mini.telemetry.runstate.Runs` or a
 :class:`~fsdp_mini.telemetry.runstate.RunState`, and optionally an ``ax`` to draw into; it returns the Figure.
-The numbers come from ``RunState``, the same object the live widgets read.
+The numbers come from ``RunState``, the same object the live widgets read. ``collectives.py``
+draws collectives themselves: what each rank held before and after one, and an all-reduce sweep.
 
 Figures are made with ``matplotlib.figure.Figure``, not pyplot: they work under Agg and in any
 thread, and a notebook shows them once (when displayed), never a second time at the cell's end.
@@ -18,6 +19,7 @@ from ..memory import CATEGORIES
 from ..telemetry.runstate import Runs, RunState, phase_order
 from ..telemetry.units import fmt_bytes, fmt_link, fmt_rate, fmt_seconds, phase_name
 from ..theory import STRATEGIES
+from .collectives import plot_bandwidth, show_collective  # noqa: F401
 from .reports import report_memory, report_traffic  # noqa: F401
 
 # Note: some names are imported only to be public here (the widgets and tests use them).

@@ -31,10 +31,14 @@ Events (one JSON object per line; times are Unix seconds; ``step`` is the ledger
 
 Every event also carries ``type``, ``rank``, ``step`` and ``run``.
 
+``bandwidth.py`` measures rather than records: ``all_reduce_sweep`` times all-reduces of many
+sizes on live ranks, ``bandwidth_summary`` reads the latency floor and n½ off its rows.
+
 May import: the algorithm and ``models``; never the launcher, plots, widgets, the lab kit or
 the jobs (the launcher hands a watcher the events; telemetry never starts ranks).
 """
 
+from .bandwidth import all_reduce_sweep, bandwidth_summary
 from .events import EventLog, EventTail, LaunchFeed, load_events
 from .live_memory import LiveMemory
 from .recorder import EVENTS_DIR_ENV, Recorder
@@ -42,4 +46,5 @@ from .runstate import Runs, RunState
 from .units import fmt_bytes, fmt_rate, fmt_seconds
 
 __all__ = ["EVENTS_DIR_ENV", "EventLog", "EventTail", "LaunchFeed", "LiveMemory", "Recorder",
-           "RunState", "Runs", "fmt_bytes", "fmt_rate", "fmt_seconds", "load_events"]
+           "RunState", "Runs", "all_reduce_sweep", "bandwidth_summary", "fmt_bytes", "fmt_rate",
+           "fmt_seconds", "load_events"]

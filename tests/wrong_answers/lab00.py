@@ -1,16 +1,13 @@
 """Lab 00's wrong answers to ``mean_of_ranks``, and the words ``labs.check_mean_of_ranks`` must
-use. The finished ones are judged from one launch per world size (``lab00._check_means``, the code
-path of ``check_mean_of_ranks``, each judged alone); the ones that hang get a launch each.
+use. All are judged together by ``JUDGES["00_mean_of_ranks"]`` (the code path of the checker, one
+launch per world size; an answer that raises or hangs ends its own launch).
 """
-
-from functools import cache
 
 import torch
 import torch.distributed as dist
+from torch.distributed import all_reduce
 
 import fsdp_mini
-from fsdp_mini import labs
-from fsdp_mini.labs.lab00 import checks as lab00
 from wrong_answers import Wrong
 
 
@@ -101,44 +98,105 @@ def rank_0_skips(rank, world_size):
     return t.item() / world_size
 
 
-BATCH = (no_division, returns_a_tensor, reduces_a_clone, reduces_a_new_tensor, no_collective,
-         own_rank, max_op, reads_before, rank_plus_one, floor_division, minus_one, hardcoded_two,
-         never_waits)
+def only_rank_0_returns(rank, world_size):
+    t = _mine(rank)
+    dist.all_reduce(t)
+    return t.item() / world_size if rank == 0 else None
 
 
-@cache
-def _judged():
-    return dict(zip(BATCH, lab00._check_means(list(BATCH), 2, "gloo")))
+def reduces_twice(rank, world_size):
+    t = _mine(rank)
+    dist.all_reduce(t)
+    dist.all_reduce(t)                     # the sum of the sums: N times too much
+    return t.item() / world_size
 
 
-def batched(fn):
-    return lambda: _judged()[fn].finish()
+def product_op(rank, world_size):
+    t = _mine(rank) + 1
+    dist.all_reduce(t, op=dist.ReduceOp.PRODUCT)
+    return t.item() / world_size
 
+
+def integer_tensor_floor(rank, world_size):
+    t = torch.tensor([rank])               # an int64 tensor: the sum is an int
+    dist.all_reduce(t)
+    return float(t.item() // world_size)
+
+
+def returns_a_list(rank, world_size):
+    t = _mine(rank)
+    dist.all_reduce(t)
+    return (t / world_size).tolist()
+
+
+# Answers written otherwise than the reference, that the check must pass (tests/test_lab00.py)
+def divides_first(rank, world_size):
+    t = torch.tensor([rank / world_size])      # the mean of the shares is the mean
+    dist.all_reduce(t)
+    return t.item()
+
+
+def waits_for_its_handle(rank, world_size):
+    t = torch.tensor([float(rank)], device=fsdp_mini.rank_device())
+    dist.all_reduce(t, async_op=True).wait()
+    return t.item() / world_size
+
+
+def imported_by_name(rank, world_size):
+    t = torch.tensor([rank])                   # an int tensor, divided with /
+    all_reduce(t)
+    return t.item() / world_size
+
+
+RIGHT = (divides_first, waits_for_its_handle, imported_by_name)
 
 EX = "00_mean_of_ranks"
 WRONG = [
-    Wrong(EX, "returns the sum (no /N)", batched(no_division), ("divide it by world_size",)),
-    Wrong(EX, "returns a tensor, not a float", batched(returns_a_tensor),
-          ("python float, not a tensor", "t.item()")),
-    Wrong(EX, "all-reduces t.clone(), returns t", batched(reduces_a_clone),
-          ("works in place on the tensor you pass", "the copy", "was reduced")),
-    Wrong(EX, "all-reduces a new tensor, returns the old one", batched(reduces_a_new_tensor),
-          ("works in place on the tensor you pass", "the copy", "was reduced")),
-    Wrong(EX, "the mean from world_size alone, no collective", batched(no_collective),
-          ("called no dist.all_reduce", "without the other ranks' tensors")),
-    Wrong(EX, "returns its own rank, no collective", batched(own_rank),
-          ("called no dist.all_reduce",)),
-    Wrong(EX, "ReduceOp.MAX", batched(max_op), ("max", "the mean needs the sum")),
-    Wrong(EX, "reads t.item() before the all-reduce", batched(reads_before),
-          ("before the all-reduce",)),
-    Wrong(EX, "rank + 1 in the tensor", batched(rank_plus_one), ("rank + 1",)),
-    Wrong(EX, "floor division", batched(floor_division), ("floor division",)),
-    Wrong(EX, "divides by world_size - 1", batched(minus_one), ("world_size - 1",)),
-    Wrong(EX, "divides by 2, the world size written as a number", batched(hardcoded_two),
-          ("right on 2 ranks, wrong on 3", "world size written as a number")),
-    Wrong(EX, "async_op=True, never waited", batched(never_waits),
-          ("async_op=true", "never waited")),
-    Wrong(EX, "rank 0 skips the all-reduce (hang)",
-          lambda: labs.check_mean_of_ranks(rank_0_skips, 2, "gloo", timeout=5),
-          ("the ranks did not finish", "every rank must call dist.all_reduce")),
+    Wrong(EX, "returns the sum (no /N)", no_division,
+          ("at world size 2", "yours 1, the reference 0.5", "right with world size 1",
+           "returned the sum: divide by world_size")),
+    Wrong(EX, "returns a tensor, not a float", returns_a_tensor,
+          ("yours 'tensor', the reference 'float'", "python float, not a tensor", "t.item()")),
+    Wrong(EX, "all-reduces t.clone(), returns t", reduces_a_clone,
+          ("yours 0, the reference 0.5", "works in place on the tensor you pass", "the copy",
+           "was reduced")),
+    Wrong(EX, "all-reduces a new tensor, returns the old one", reduces_a_new_tensor,
+          ("yours 0, the reference 0.5", "works in place on the tensor you pass", "the copy",
+           "was reduced")),
+    Wrong(EX, "the mean from world_size alone, no collective", no_collective,
+          ("yours 'no call', the reference 'sum'", "called no dist.all_reduce",
+           "without the other ranks' tensors")),
+    Wrong(EX, "returns its own rank, no collective", own_rank,
+          ("yours 'no call', the reference 'sum'", "called no dist.all_reduce")),
+    Wrong(EX, "ReduceOp.MAX", max_op,
+          ("yours 'max', the reference 'sum'", "the mean needs one all-reduce of the sum")),
+    Wrong(EX, "reads t.item() before the all-reduce", reads_before,
+          ("yours 0, the reference 0.5", "before the all-reduce")),
+    Wrong(EX, "rank + 1 in the tensor", rank_plus_one,
+          ("yours 1, the reference 0", "the mean +1", "rank + 1 in the tensor")),
+    Wrong(EX, "floor division", floor_division,
+          ("right with world size 1, 3, wrong with 2, 4", "floor division")),
+    Wrong(EX, "divides by world_size - 1", minus_one,
+          ("at world size 1", "zerodivisionerror", "world_size - 1",
+           "divides their sum by n, world_size itself")),
+    Wrong(EX, "divides by 2, the world size written as a number", hardcoded_two,
+          ("right with world size 1, 2, wrong with 3, 4", "divided the sum by 2 whatever the "
+           "world size", "written as a number")),
+    Wrong(EX, "async_op=True, never waited", never_waits,
+          ("yours 'sum (async_op=true, never waited)'", "was never waited for",
+           "handle.wait()")),
+    Wrong(EX, "rank 0 skips the all-reduce (hang)", rank_0_skips,
+          ("yours 'no call'", "the ranks hung at a larger world size",
+           "every rank must make the same dist.all_reduce calls")),
+    Wrong(EX, "only rank 0 returns the mean", only_rank_0_returns,
+          ("at world size 2", "yours 'nonetype', the reference 'float'",
+           "rank 1 returned none")),
+    Wrong(EX, "all-reduces twice", reduces_twice,
+          ("yours 'sum, sum', the reference 'sum'", "one all-reduce of the sum")),
+    Wrong(EX, "ReduceOp.PRODUCT of rank + 1", product_op,
+          ("yours 'product', the reference 'sum'", "the mean needs one all-reduce of the sum")),
+    Wrong(EX, "an int tensor and //", integer_tensor_floor,
+          ("right with world size 1, 3, wrong with 2, 4", "floor division")),
+    Wrong(EX, "returns a list", returns_a_list,
+          ("yours 'list', the reference 'float'", "python float, not a list")),
 ]

@@ -1,8 +1,5 @@
-"""Lab 02, collectives by hand: what each rank holds before and after, and a ring all-reduce.
-
-``checks.py``: the checker of ``ring_all_reduce``; ``bandwidth.py``: the all-reduce sweep, time
-against message size. May import: :mod:`fsdp_mini.labs.common` and the engine, never another lab.
-"""
+"""Lab 02, collectives by hand: the ring all-reduce's checker (checks.py); its table and sweep
+are the kit's (plots.collectives, telemetry.bandwidth). May import: labs.common, the engine."""
 
 from .checks import *  # noqa: F401,F403
 from .checks import __all__  # noqa: F401

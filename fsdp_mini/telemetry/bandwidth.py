@@ -1,9 +1,9 @@
-"""Lab 02's bandwidth sweep: all-reduce time against message size, and why tiny collectives are
-latency-bound (so FSDP units should not be too small).
+"""All-reduce time against message size, measured on live ranks, and what it says: the latency
+floor and the size that reaches half the peak bus bandwidth (Hockney's n½).
 
 Each size is timed in rounds where the sizes take turns, the round's time is its slowest rank's,
 and each size gets the median of its rounds: a burst of other work on a shared laptop then moves
-one round, not the result.
+one round, not the result. Drawn by :func:`fsdp_mini.plots.collectives.plot_bandwidth`.
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ import time
 
 import torch
 import torch.distributed as dist
-from matplotlib.figure import Figure
 
-from ...comm.collectives import Comm
-from ...launcher import rank_device
-from ...telemetry.units import busbw_factor, fmt_bytes, fmt_rate, fmt_seconds
+from ..comm.collectives import Comm
+from .units import busbw_factor, fmt_bytes
 
-__all__ = ["all_reduce_sweep", "bandwidth_summary", "plot_bandwidth"]
+__all__ = ["all_reduce_sweep", "bandwidth_summary"]
 
 
 def all_reduce_sweep(rank: int, world_size: int, sizes, repeats: int = 9) -> list[dict]:
@@ -28,7 +26,8 @@ def all_reduce_sweep(rank: int, world_size: int, sizes, repeats: int = 9) -> lis
 
     Note: the sizes take turns, one all-reduce each per round, so a burst of load from other
     programs slows one round of every size, not every repeat of one size."""
-    comm, device = Comm(), rank_device()
+    comm = Comm()
+    device = comm.device
     xs = [torch.ones(max(1, int(nbytes) // 4), device=device) for nbytes in sizes]
     times = torch.zeros(1 + repeats, len(xs), dtype=torch.float64, device=device)
     for i in range(1 + repeats):  # Note: round 0 is a warm-up, not counted
@@ -61,25 +60,3 @@ def bandwidth_summary(rows: list[dict], half: float = 0.5, small: int = 1024) ->
     return {"latency_floor": statistics.median(few), "small_sizes": len(few),
             "small_spread": max(few) / min(few), "peak_busbw": peak,
             "n_half": next(r["bytes"] for r in rows if r["busbw"] >= half * peak)}
-
-
-def plot_bandwidth(rows: list[dict], marks: dict | None = None) -> Figure:
-    """Time and busbw against message size, log-log; ``marks`` {label: bytes} adds lines."""
-    rows, summary = sorted(rows, key=lambda r: r["bytes"]), bandwidth_summary(rows)
-    fig, sizes = Figure(figsize=(11, 3.6), layout="constrained"), [r["bytes"] for r in rows]
-    ax_t, ax_b = fig.subplots(1, 2)
-    ax_t.loglog(sizes, [r["seconds"] * 1e6 for r in rows], "o-", color="#F4A261")
-    ax_t.axhline(summary["latency_floor"] * 1e6, color="grey", ls=":", label=f"latency floor "
-                 f"{fmt_seconds(summary['latency_floor'])} (the median up to "
-                 f"{fmt_bytes(sizes[summary['small_sizes'] - 1])})")
-    ax_t.set(xlabel="message size (bytes)", ylabel="µs per all-reduce",
-             title="Time: latency for small messages, then ∝ size")
-    ax_b.semilogx(sizes, [r["busbw"] / 1e9 for r in rows], "o-", color="#2A9D8F")
-    ax_b.axvline(summary["n_half"], color="grey", ls=":",
-                 label=f"half of peak from {fmt_bytes(summary['n_half'])}")
-    ax_b.set(xlabel="message size (bytes)", ylabel="busbw (GB/s)",
-             title=f"Bus bandwidth (peak {fmt_rate(summary['peak_busbw'])})")
-    for label, nbytes in (marks or {}).items():
-        ax_b.axvline(nbytes, color="#C44E52", ls="--", label=label)
-    ax_t.legend(fontsize=8), ax_b.legend(fontsize=8)
-    return fig
