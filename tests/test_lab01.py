@@ -1,6 +1,6 @@
-"""Lab 01's helpers and checker, and lab 00's "your turn" check cell: the reference solutions
-pass; the checker compares an answer with the reference and names the first difference. The
-wrong answers it must name are in tests/wrong_answers/."""
+"""Lab 01's helpers and checker: the reference solution passes; the checker compares an answer
+with the reference and names the first difference. The wrong answers it must name are in
+tests/wrong_answers/. (Lab 00's check cell: tests/test_lab00.py.)"""
 
 import itertools
 from pathlib import Path
@@ -170,48 +170,3 @@ def test_lab_config_names_the_processes_that_will_run(learner, monkeypatch, caps
     assert (cfg.world_size, cfg.model) == (2, "tiny")
     assert "2 ranks" in said and "2 CPU processes with gloo; changed by you: world_size, model" in said
     assert "4 CPU" not in said
-
-
-# -- lab 00's "your turn" (checked by a check cell in the notebook) ------------------------------
-
-def _lab00_cells():
-    """The exercise cell (the stub under @labs.exercise) and the check cell that follows it."""
-    cells = nbformat.read(ROOT / "labs" / "00_setup.ipynb", as_version=4).cells
-    stub = next(c.source for c in cells if c.cell_type == "code"
-                and c.source.startswith('@labs.exercise("00_mean_of_ranks")'))
-    check = next(c.source for c in cells
-                 if c.cell_type == "code" and "check_mean_of_ranks(mean_of_ranks" in c.source)
-    assert not any("<details>" in c.source for c in cells), "the solution is out of sight"
-    return stub, check
-
-
-def _namespace():
-    import torch.distributed as dist
-
-    import fsdp_mini
-    cfg = labs.lab_config()
-    return {"__name__": "__main__", "torch": torch, "dist": dist, "fsdp_mini": fsdp_mini,
-            "labs": labs, "cfg": cfg}
-
-
-def test_lab00_in_ci_the_solution_replaces_the_stub_and_passes_the_check_cell(monkeypatch):
-    monkeypatch.setenv("CI", "true")
-    stub, check = _lab00_cells()
-    ns = _namespace()
-    exec(stub, ns)
-    assert ns["mean_of_ranks"].__code__.co_filename.endswith("00_mean_of_ranks.py")
-    exec(check, ns)
-    assert ns["mean_check"].passed, ns["mean_check"]
-    assert "every rank returned the mean of the ranks, a float, on 2 and 3 ranks" in str(
-        ns["mean_check"])
-
-
-def test_lab00_a_stub_not_started_gets_a_friendly_line(learner):
-    stub, check = _lab00_cells()
-    ns = _namespace()
-    exec(stub, ns)
-    exec(check, ns)
-    said = str(ns["mean_check"])
-    assert "mean_of_ranks is not written yet" in said and "00_mean_of_ranks" in said
-# Note: lab 00's wrong answers (the sum not divided, a tensor returned, a copy reduced...) are in
-# tests/wrong_answers/lab00.py, run by tests/test_wrong_answers.py.

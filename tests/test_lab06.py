@@ -1,5 +1,6 @@
-"""Lab 06's checker passes the reference crossover and names each typical slip in plain words;
-the sweep's analysis fits the bytes and intercepts it is fed; one short sweep on 2 ranks.
+"""Lab 06's checker runs the answer beside the reference on 1,625 jobs and names the first
+difference (the edges, exact ties, a wrong term measured from the answers); the sweep's analysis
+fits the bytes and intercepts it is fed; one short sweep on 2 ranks.
 
 The wrong answers (the reference formula with one slip each) are in tests/wrong_answers/lab06.py,
 run by tests/test_wrong_answers.py. (Under CI=true, set by conftest, a failed check raises
@@ -22,13 +23,23 @@ def complaint(fn) -> str:
     return str(info.value)
 
 
-def test_the_reference_passes_with_the_model_figures():
+def test_the_reference_passes_on_every_job_and_the_kits_answer_is_it():
     result = labs.check_predict_crossover(predict)
-    assert result.passed
-    assert "0.414 GB/s, 0.0593 GB/s, 33.7 GB/s, 40.2 GB/s" in str(result)
-    assert "margin 0: inf (with the same compute" in str(result)
-    assert "margin 0.6: 0 GB/s: FSDP never loses" in str(result)
+    assert result.passed and "1625 configurations" in str(result)
+    assert result.checker == "check_predict_crossover"
     assert predict(3.2e6, 4, 4, 0.2, 50, 0.1) == pytest.approx(0.414, abs=1e-3)
+    assert labs.alpha_beta_crossover(7e9, 64, 64, 2.0, 10.0, 0.1) == predict(7e9, 64, 64, 2.0,
+                                                                               10.0, 0.1)
+
+
+def test_the_jobs_hold_every_edge():
+    jobs = lab06.configs()
+    got = [predict(*(c[a] for a in lab06.ARGS)) for c in jobs]
+    assert 0.0 in got and math.inf in got and any(0 < g < math.inf for g in got)
+    assert {c["world_size"] for c in jobs} >= {1, 2, 3, 4, 8, 64}
+    assert {c["margin"] for c in jobs} >= {0.0, 0.5, 2.0}
+    tie = next(c for c in jobs if c["world_size"] == 1 and c["margin"] == 0)
+    assert lab06._model(tie) == (0.0, 0.0)       # no bytes extra, no time left: an exact tie
 
 
 def test_a_stub_is_not_written_yet():
@@ -39,16 +50,29 @@ def test_a_stub_is_not_written_yet():
     assert "not written yet" in complaint(stub)
 
 
-def test_an_unknown_answer_gets_the_formula_as_hint():
+def test_an_unknown_answer_is_told_where_it_first_differs_and_the_formula():
     text = complaint(lambda *args: 1.0)
-    assert "you say 1 GB/s, the α-β model 0.4145 GB/s" in text and "solve T_f(b)" in text
+    assert "at world size 1, units 1," in text and "yours 1, the reference " in text
+    assert "solve T_f(b) = (1 + m)·T_d(b) for b" in text
 
 
-def test_an_error_is_one_line():
+def test_an_error_is_one_line_with_its_place():
     def raises(*args):
         raise ZeroDivisionError("oops")
 
-    assert "raised ZeroDivisionError: oops" in complaint(raises)
+    text = complaint(raises)
+    assert "your code raised ZeroDivisionError: oops" in text and "in raises" in text
+
+
+def test_a_wrong_latency_term_is_measured_from_the_answers():
+    def four_per_unit(psi, n, units, c, alpha_us, m):
+        a = alpha_us * 1e-6
+        extra = (3 - 2 * (1 + m)) * (n - 1) / n * 4 * psi
+        left = (1 + m) * (c + 2 * (n - 1) * a) - c - 4 * units * (n - 1) * a
+        if extra <= 0:
+            return 0.0 if left > 0 else math.inf
+        return math.inf if left <= 0 else extra / left / 1e9
+    assert "your FSDP latency is 4·units·(N−1)α and DDP's 2·(N−1)α" in complaint(four_per_unit)
 
 
 def test_solve_crossover_edges():

@@ -2,8 +2,6 @@
 
 from pathlib import Path
 
-from fsdp_mini import labs
-
 from . import Wrong
 
 EX = "07_cheapest_fit"
@@ -24,47 +22,58 @@ def variant(*edits):
     return namespace["cheapest_fit"]
 
 
-def check(*edits):
-    return lambda: labs.check_cheapest_fit(variant(*edits))
+def _ranked_by_step_only():
+    """The fastest step only, and the later candidate kept on a tie (<=)."""
+    return variant((COST, "cost = s.step_seconds"), ("cost < best_cost", "cost <= best_cost"))
 
 
 WRONG = [
     Wrong(EX, "activations ignored (plan of a parameter count)",
-          check(("p = fsdp_mini.plan(model=model,", "p = fsdp_mini.plan(params=model.params(),")),
-          ("you ignored the activations", "give plan() the model's shape")),
+          variant(("p = fsdp_mini.plan(model=model,", "p = fsdp_mini.plan(params=model.params(),")),
+          ("does not fit", "it fits without its activations")),
     Wrong(EX, "Adam's state left out of the peak",
-          check((FITS, f"if s.peak_bytes - s.by_category['optimizer_state'] <= {MEM} and")),
-          ("you forgot adam's state", "plan()'s peak_bytes")),
-    Wrong(EX, "no fit check (ddp chosen where it cannot fit)", check((FITS, "if")),
-          ("you chose ddp where it cannot fit", "whose .fits is true")),
-    Wrong(EX, "fp32 only", check(('PRECISIONS = ("fp32", "bf16-mixed")', 'PRECISIONS = ("fp32",)')),
-          ("you did not consider bf16-mixed",)),
+          variant((FITS, f"if s.peak_bytes - s.by_category['optimizer_state'] <= {MEM} and")),
+          ("it fits without adam's state",)),
+    Wrong(EX, "no fit check (ddp chosen where it cannot fit)", variant((FITS, "if")),
+          ("does not fit", "the cheapest of all candidates, fitting or not")),
+    Wrong(EX, "fp32 only", variant(('PRECISIONS = ("fp32", "bf16-mixed")', 'PRECISIONS = ("fp32",)')),
+          ("you never chose bf16-mixed",)),
     Wrong(EX, "no activation checkpointing tried",
-          check(("for checkpointing in (False, True):", "for checkpointing in (False,):")),
-          ("you did not consider activation checkpointing",)),
+          variant(("for checkpointing in (False, True):", "for checkpointing in (False,):")),
+          ("you never chose with checkpointing",)),
     Wrong(EX, "fits by persistent bytes, not the peak",
-          check((FITS, f"if s.persistent_bytes <= {MEM} and")),
-          ("persistent_bytes), not by the peak",)),
+          variant((FITS, f"if s.persistent_bytes <= {MEM} and")),
+          ("its state kept between steps (persistent_bytes) fits, not its peak",)),
     Wrong(EX, "gpu_mem_gb not passed to plan (its 80 GB default)",
-          check(("gpu_mem_gb=gpu_mem_gb, ", "")), ("your answers fit 80 gb, not the budget",)),
-    Wrong(EX, "the budget read in GiB", check((FITS, "if s.peak_bytes <= gpu_mem_gb * 2**30 and")),
-          ("you compared with gib (2^30 b); the budget is in gb (10^9 b)",)),
-    Wrong(EX, "the smallest peak taken for the cheapest", check((COST, "cost = s.peak_bytes")),
-          ("you picked the configuration with the smallest peak",)),
+          variant(("gpu_mem_gb=gpu_mem_gb, ", "")),
+          ("never change with gpu mem gb", "planned for gpus of 80 gb")),
+    Wrong(EX, "the budget read in GiB", variant((FITS, "if s.peak_bytes <= gpu_mem_gb * 2**30 and")),
+          ("it fits gpu_mem_gb gib (2^30 b)",)),
+    Wrong(EX, "the smallest peak taken for the cheapest", variant((COST, "cost = s.peak_bytes")),
+          ("fits but costs more", "the smallest planned peak")),
     Wrong(EX, "the fewest bytes taken for the cheapest (bytes are not time)",
-          check((COST, "cost = (s.sent_bytes_per_step, checkpointing, STRATEGIES.index(strategy))")),
-          ("you picked the configuration that sends the fewest bytes", "step_seconds")),
+          variant((COST, "cost = (s.sent_bytes_per_step, checkpointing, STRATEGIES.index(strategy))")),
+          ("fits but costs more", "the fewest bytes sent per step")),
     Wrong(EX, "the peak compared with the whole GPU, the reserve left out",
-          check((FITS, f"if s.peak_bytes <= {MEM} and")),
-          ("fit to the last byte", "reserve")),
-    Wrong(EX, "micro_batch not passed to plan", check(("micro_batch=micro_batch, ", "")),
-          ("micro_batch",)),
+          variant((FITS, f"if s.peak_bytes <= {MEM} and")),
+          ("does not fit", "it fits the gpu's whole memory", "reserve")),
+    Wrong(EX, "micro_batch not passed to plan", variant(("micro_batch=micro_batch, ", "")),
+          ("never change with micro batch", "planned with micro-batch 1")),
     Wrong(EX, "the first candidate that fits, bytes not compared",
-          check(("if s.fits and (best_cost is None or cost < best_cost):",
-                 "if s.fits and best_cost is None:")),
-          ("the first configuration that fits",)),
+          variant(("if s.fits and (best_cost is None or cost < best_cost):",
+                   "if s.fits and best_cost is None:")),
+          ("the first candidate that fits in the order tried",)),
     Wrong(EX, "ModelShape attributes used (the lab later passes the name '70b')",
-          check(("    best, best_cost = None, None\n",
-                 "    best, best_cost = None, None\n    size = model.params()   # for a log line\n")),
-          ("with the preset's name as the lab calls it later", "attributeerror")),
+          variant(("    best, best_cost = None, None\n",
+                   "    best, best_cost = None, None\n    size = model.params()   # for a log line\n")),
+          ("(by name)", "attributeerror", "preset's name")),
+    Wrong(EX, "the fastest step only, the later candidate kept on a tie", _ranked_by_step_only(),
+          ("costs exactly as much", "no checkpointing comes first, then the less sharded")),
+    Wrong(EX, "ties broken the other way (checkpointing and the more sharded first)",
+          variant((COST, "cost = (s.step_seconds, not checkpointing, -STRATEGIES.index(strategy))")),
+          ("costs exactly as much", "no checkpointing comes first")),
+    Wrong(EX, "the fastest candidate returned when nothing fits",
+          variant(("    return best\n", "    return best or {'strategy': 'fsdp', 'precision': "
+                   "'bf16-mixed', 'checkpointing': True}\n")),
+          ("the reference: nothing fits", "does not fit")),
 ]

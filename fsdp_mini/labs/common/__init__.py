@@ -5,7 +5,11 @@
 plain words), the checking engine: ``differential.py`` (a check: the learner's code beside the
 reference over a spread of configurations), ``records.py`` (configurations, what a run saw),
 ``compare.py`` (the first divergence, in words), ``on_ranks.py`` (many answers on ranks, one
-launch per world size), ``observing.py`` (the small nets and what a training run shows);
+launch per world size), ``observing.py`` (the small nets and what a training run shows),
+``hints.py`` and ``facts.py`` (what a divergence says in numbers, for the hints),
+``plan_search.py`` (a planner search beside the reference: lab 07 and the assessment),
+``remembered.py`` (the reference's records kept on disk), ``progress.py`` (each check's verdict
+for the instructor);
 ``checking.py`` (a failure's line in the learner's code, unwritten stubs), ``configurations.py``
 (a training configuration in words). May import: the engine, never a lab.
 """

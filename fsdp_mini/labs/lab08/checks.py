@@ -1,12 +1,14 @@
-"""Lab 08: checkpoints. The checker of the resharding exercise; the rank functions that save,
-kill, resume and load into torch are in :mod:`fsdp_mini.labs.lab08.runs`.
+"""Lab 08: checkpoints. The checker of the resharding exercise, beside the reference; the rank
+functions that save, kill, resume and load into torch are in :mod:`fsdp_mini.labs.lab08.runs`.
 
     def reshard(old_shards, numel, new_world_size, new_rank): ...   # you write it
-    labs.check_reshard(reshard)       # ✔/✘ lines: sizes, padding, rank order, ranges, moments
+    labs.check_reshard(reshard)     # every new rank, old and new world sizes 1 to 5, ...
 
-The reference is the kit's own flat layout (:class:`fsdp_mini.buffers.flat.FlatLayout`, the one its
-fsdp shards with): every new rank's shard, for unit sizes that do and do not split evenly, going up
-and down in world size. The old padding is filled with NaN: its values mean nothing.
+The old shards are the kit's own flat layout (:class:`fsdp_mini.buffers.flat.FlatLayout`, the one
+its fsdp shards with): a unit's elements 1, 2, ... numel (the moments /100 and /10000, SGD's
+momentum /1000), the old padding NaN (its values mean nothing), given in the order files come.
+Every new rank's shards are compared with the reference's: their keys, lengths, dtypes, values,
+and whether one is a view of an old shard (storage shared with what was loaded).
 """
 
 from __future__ import annotations
@@ -16,240 +18,187 @@ import math
 import torch
 
 from ...buffers.flat import FlatLayout, ParamSlot
-from ..common.checking import unwritten
-from ..common.report import CheckResult
-from .runs import (STATES, dcp_run, die_while_saving, flat_shards, lab_model, lab_optimizer, relative_error,
-                   resume_run, save_run, train_steps)
+from ..common.differential import Check, Hint
+from ..common.exercise import load_solution, not_written_yet
+from ..common.records import Config, spread
+from ..common.report import CheckResult, verdict_of_check
+from ..common.facts import right_only_with
+from .runs import *  # noqa: F401,F403
+from .runs import __all__ as _RUNS
 
-__all__ = ["check_reshard", "dcp_run", "die_while_saving", "files_table", "flat_shards", "lab_model",
-           "lab_optimizer", "relative_error", "resume_run", "save_run", "train_steps"]
+__all__ = ["check_reshard", *_RUNS]
 
-# (numel, old N, new N): uneven splits, up and down, a shrink to one rank, one even split
-CASES = [(10, 4, 3), (9, 4, 2), (7, 2, 3), (13, 3, 4), (5, 2, 1), (12, 3, 4)]
-KEYS = ("param", *STATES)
-
-
-def _layout(numel: int, world_size: int) -> FlatLayout:
-    slot = ParamSlot(None, ["unit"], [], shape=torch.Size([numel]), requires_grad=True)
-    return FlatLayout([slot], world_size)
-
-
-def _wholes(numel: int) -> dict[str, torch.Tensor]:
-    base = torch.arange(1, numel + 1, dtype=torch.float32)
-    return {"param": base, "exp_avg": base / 100, "exp_avg_sq": base / 10_000}
+SCALES = {"param": 1.0, "exp_avg": 1e-2, "exp_avg_sq": 1e-4, "momentum_buffer": 1e-3}
+STATE = {"adam": ("param", "exp_avg", "exp_avg_sq"), "sgd": ("param", "momentum_buffer")}
+ORDERS = {"by rank": sorted, "rank 0 last": lambda rs: sorted(rs)[1:] + sorted(rs)[:1],
+          "reversed": lambda rs: sorted(rs, reverse=True)}
+LAB_UNIT = 12608      # the tiny GPT's block: the lab's own unit
 
 
-def old_shards(numel: int, old_world_size: int) -> dict[int, dict[str, torch.Tensor]]:
-    """Every old rank's shards of a unit whose elements are 1, 2, ... numel (moments /100,
-    /10000), padding NaN; in the order files come from a folder listing, not by rank."""
-    layout = _layout(numel, old_world_size)
-    out = {}
-    for r in list(range(1, old_world_size)) + [0]:
-        lo, hi = layout.shard_range(r)
-        out[r] = {k: torch.cat([v, torch.full((layout.padded_numel - numel,), math.nan)])[lo:hi]
-                  for k, v in _wholes(numel).items()}
-    return out
+def old_shards(cfg) -> dict[int, dict[str, torch.Tensor]]:
+    """Every old rank's shards of the configuration's unit, in its order, padding NaN."""
+    numel, n = cfg["numel"], cfg["old_world_size"]
+    layout = FlatLayout([ParamSlot(None, ["unit"], [], shape=torch.Size([numel]),
+                                   requires_grad=True)], n)
+    pad = torch.full((layout.padded_numel - numel,), math.nan, dtype=torch.float64)
+    whole = {k: torch.cat([torch.arange(1, numel + 1, dtype=torch.float64) * SCALES[k], pad])
+             for k in STATE[cfg["state"]]}
+    return {r: {k: v[slice(*layout.shard_range(r))].to(getattr(torch, cfg["dtype"]))
+                for k, v in whole.items()} for r in ORDERS[cfg["order"]](range(n))}
 
 
-def expected_shard(numel: int, new_world_size: int, new_rank: int) -> dict[str, torch.Tensor]:
-    """What the kit's layout gives ``new_rank``: its slice of the unit padded with zeros."""
-    layout = _layout(numel, new_world_size)
-    lo, hi = layout.shard_range(new_rank)
-    return {k: layout.flatten([v])[lo:hi] for k, v in _wholes(numel).items()}
+def _observe(fn, cfg, record) -> None:
+    for rank in range(cfg["new_world_size"]):
+        old = old_shards(cfg)
+        got = fn(old, cfg["numel"], cfg["new_world_size"], rank)
+        if not isinstance(got, dict):
+            record.see("keys", f"a {type(got).__name__}", new_rank=rank)
+            continue
+        record.see("keys", sorted(map(str, got)), new_rank=rank)
+        for key in STATE[cfg["state"]]:
+            record.see("shard", got.get(key), new_rank=rank, key=key)
+        stored = {t.untyped_storage().data_ptr() for s in old.values() for t in s.values()}
+        record.see("views", sorted(k for k, v in got.items() if torch.is_tensor(v) and
+                                   v.untyped_storage().data_ptr() in stored), new_rank=rank)
 
 
+def _size(d) -> int:
+    return -(-d.config["numel"] // d.config["new_world_size"])
+
+
+def _lengths(d) -> str:
+    """Which of the lesson's lengths yours is."""
+    c, mine, size = d.config, len(d.mine), _size(d)
+    n, m, r = c["numel"], c["new_world_size"], d.where["new_rank"]
+    old = -(-n // c["old_world_size"]) * c["old_world_size"]
+    named = {f"numel // N = {n} // {m}": n // m, f"4 x {size}: bytes, not elements": 4 * size,
+             "the real elements of this rank's slice, not padded": max(0, min(n - r * size, size)),
+             f"ceil({old} / {m}): the old padding counted as elements (use numel, not the sum "
+             f"of the old shards' lengths)": -(-old // m)}
+    said = [w for w, v in named.items() if v == mine]
+    return (f"yours has {mine} elements, the reference ceil({n} / {m}) = {size}" +
+            (f": {'; '.join(said)}" if said else "") + ". Every new shard holds ceil(numel / N) "
+            "elements, the last padded with zeros")
+
+
+def _informative(d):
+    """(cfg, new rank, key, yours, the reference's): the first shard of the same length that
+    differs, in a unit of 7 elements or more (where a slice says where it comes from), not
+    blank, at another world size (else any)."""
+    for blank_too in (False, True):
+        for c in [d.config] + d.differ:
+            mine, want = d.table[c]
+            rich = c["numel"] >= 7 and (blank_too or c["old_world_size"] != c["new_world_size"])
+            for r in range(c["new_world_size"] if rich else 0):
+                for key in STATE[c["state"]]:
+                    m, w = (x.get("shard", new_rank=r, key=key) for x in (mine, want))
+                    if torch.is_tensor(m) and m.shape == w.shape and not torch.equal(
+                            m.double().nan_to_num(-1), w.double()) and (
+                            blank_too or m.double().nan_to_num(1).abs().sum()):
+                        return c, r, key, m, w
+    return d.config, d.where["new_rank"], d.where["key"], d.mine, d.want
+
+
+def _values(d) -> str:
+    c, r, key, mine, _ = _informative(d)
+    size, n, m = -(-c["numel"] // c["new_world_size"]), c["numel"], c["new_world_size"]
+    lo, at = r * size, f"(numel {n}, new rank {r} of {m}, {key!r}) "
+    want = list(range(lo, min(lo + size, n)))
+    got = ["NaN" if math.isnan(v) else round(v / SCALES[key] - 1) if abs(
+        v / SCALES[key] - 1 - round(v / SCALES[key] - 1)) < 0.05 else None
+        for v in mine.double().tolist()]
+    real = [g for g in got[:len(want)] if isinstance(g, int) and 0 <= g < n]
+    old = next((q for q, o in old_shards(c).items() if len(o[key]) == len(mine) and torch.equal(
+        o[key].double().nan_to_num(-1), mine.double().nan_to_num(-1))), None)
+    if old is not None:
+        return (f"{at}your shard is old rank {old}'s, as it was saved: at another world size "
+                f"each new rank holds another slice, ceil(numel / N) elements from r x "
+                f"ceil(numel / N)")
+    if "NaN" in got:
+        return (f"{at}your shard holds NaN: the old ranks' padding (its values mean nothing). "
+                f"Join the old shards by rank, keep the first numel elements, then cut; the new "
+                f"padding is zeros")
+    if real == want:
+        return f"{at}the elements are right but the padding is not zeros"
+    if not mine.double().abs().sum():
+        return f"{at}your shard is all zeros: the resumed optimizer would restart from nothing"
+    if real and real == list(range(real[0], real[0] + len(real))):
+        s = real[0]
+        why = ("off by one" if abs(s - lo) == 1 else "4 x the start: bytes, not elements"
+               if s == 4 * lo and lo else f"that is new rank {m - 1 - r}'s slice: the new ranks "
+               f"are counted from the wrong end" if s == (m - 1 - r) * size else "")
+        return (f"{at}your shard starts at element {s}, new rank {r}'s at {lo} = {r} x "
+                f"ceil({n} / {m})" + (f": {why}" if why else ""))
+    return (f"{at}your shard holds the unit's elements {real[:8]}, not the slice [{lo}, "
+            f"{lo + len(want)}): join the old shards in rank order (sorted(old_shards)), then "
+            f"cut ceil(numel / N) for each new rank")
+
+
+def _tensor_pair(d) -> bool:
+    return torch.is_tensor(d.mine) and torch.is_tensor(d.want)
+
+
+HINTS = [
+    Hint(lambda d: d.raised is not None, "old_shards maps each old rank to its shards {key: 1-D "
+         "tensor}, in the order the files came; return {key: new shard} for every key"),
+    Hint(lambda d: d.observable == "keys" or (d.observable == "shard" and d.mine is None),
+         lambda d: f"return every key of the old shards ({', '.join(STATE[d.config['state']])}):"
+         f" the parameter and each optimizer state, resharded the same way; a resumed optimizer "
+         f"without them starts its moments from zero"),
+    Hint(lambda d: d.observable == "shard" and not torch.is_tensor(d.mine), "each shard is a "
+         "1-D tensor"),
+    Hint(lambda d: _tensor_pair(d) and d.mine.shape == d.want.shape and d.mine.dtype !=
+         d.want.dtype, lambda d: f"the old shards are {str(d.want.dtype)[6:]}: keep their dtype "
+         f"(torch.zeros(size) is float32 unless given dtype=)"),
+    Hint(lambda d: _tensor_pair(d) and d.mine.dim() != 1, "return flat (1-D) shards"),
+    Hint(lambda d: _tensor_pair(d) and len(d.mine) != len(d.want), _lengths),
+    Hint(lambda d: right_only_with(d, "order", lambda v: v == "by rank"), "right only when the "
+         "old shards come by rank: they come in the order files are listed; sort them "
+         "(sorted(old_shards)) before joining"),
+    Hint(lambda d: _tensor_pair(d), _values),
+    Hint(lambda d: d.observable == "views", "your shard is a view of an old shard (a slice of "
+         "what was loaded, or the tensor itself): the optimizer updates its shard in place, and "
+         "would write into the old one; return a new tensor (torch.cat, torch.zeros then copy, "
+         ".clone())"),
+]
+
+CHECK = Check("your reshard", _observe, configs=[], order=("keys", "shard", "views"),
+              hints=HINTS, words={
+                  "keys": "the keys new rank {new_rank} got", "shard": "new rank {new_rank}'s "
+                  "{key!r}", "views": "new rank {new_rank}'s shards that are views of an old "
+                  "shard"},
+              agreed="every new rank's shards are the reference's: ceil(numel / N) elements, "
+                     "in rank order, zeros as padding, every optimizer state, new tensors of the "
+                     "old dtype")
+
+
+def configs() -> list[Config]:
+    """Old and new world sizes 1 to 5 for 1, 7, 12 and 40 elements (a new rank holding only
+    padding, sizes N does not divide); shards in three orders, three dtypes, Adam's and SGD's
+    states; the lab's own unit last."""
+    return (spread(numel=[1, 7, 12, 40], old_world_size=[1, 2, 3, 4, 5],
+                   new_world_size=[1, 2, 3, 4, 5], order=["rank 0 last"], dtype=["float32"],
+                   state=["adam"])
+            + spread(numel=[10], old_world_size=[3], new_world_size=[2, 4], order=list(ORDERS),
+                     dtype=["float32", "bfloat16", "float64"], state=["adam", "sgd"])
+            + spread(numel=[LAB_UNIT], old_world_size=[2, 3], new_world_size=[3, 2],
+                     order=["reversed"], dtype=["float32"], state=["adam"]))
+
+
+def _reference():
+    return load_solution("08_reshard", "reshard")
+
+
+# What tests/wrong_answers/ judges many answers with: the lab's check, one batch
+JUDGES = {"08_reshard": lambda answers: CHECK.judge_many(answers, _reference(), configs())}
+
+
+@verdict_of_check
 def check_reshard(fn) -> CheckResult:
-    """Run ``fn`` as every new rank of each case in ``CASES``; name the first mistake seen."""
-    result = CheckResult("your reshard")
-    if unwritten(fn):
+    """Run ``fn`` as every new rank of each configuration of :func:`configs`, beside the
+    reference; the first new rank whose shards differ, and what yours holds instead."""
+    result = CheckResult(CHECK.what)
+    if not_written_yet(fn):
         return result.wrong("reshard is not written yet", hint="fill in its body").finish()
-    if (same := _not_resharded(fn)):
-        return result.wrong(*same).finish()
-    for numel, old_n, new_n in CASES:
-        for rank in range(new_n):
-            want = expected_shard(numel, new_n, rank)
-            try:
-                got = fn(old_shards(numel, old_n), numel, new_n, rank)
-            except Exception as e:  # noqa: BLE001  (any error of the learner's code is a ✘)
-                return result.wrong(f"reshard raised {type(e).__name__}: {e} (numel {numel}, "
-                                    f"{old_n} old ranks, new rank {rank} of {new_n})").finish()
-            problem = _diagnose(got, want, numel, old_n, new_n, rank)
-            if problem:
-                return result.wrong(*problem).finish()
-    result.ok(f"every new rank's shard is right for {len(CASES)} unit sizes and world-size "
-              f"changes ({', '.join(f'{n} elements {a}→{b} ranks' for n, a, b in CASES)})")
-    result.ok("shards of ceil(numel / N) elements, padding zeros, old ranks taken in rank order")
-    result.ok("Adam's two moments (exp_avg, exp_avg_sq) resharded exactly like the parameter")
+    CHECK(fn, _reference(), result, configs=configs())
     return result.finish()
-
-
-def _not_resharded(fn):
-    """(message, hint) when every new rank gets the old rank's shards as they were, else None.
-    Note: one case alone can look like another slip (equal shards of 10 // 3 = 3 on rank 0 are
-    old rank 0's 3 elements): only all the cases together say "not resharded"."""
-    seen = 0
-    for numel, old_n, new_n in CASES:
-        for rank in range(min(old_n, new_n) if old_n != new_n else 0):
-            old = old_shards(numel, old_n)
-            try:
-                got = fn(old_shards(numel, old_n), numel, new_n, rank)
-                if not all(torch.is_tensor(got[k]) and _same(got[k].reshape(-1), old[rank][k])
-                           for k in KEYS):
-                    return None
-            except Exception:  # noqa: BLE001  (the main loop reports the learner's errors)
-                return None
-            seen += 1
-    return None if not seen else (
-        (f"not resharded: every new rank r got old rank r's shards as they were saved (e.g. "
-         f"numel {CASES[0][0]}, {CASES[0][1]} → {CASES[0][2]} ranks, new rank 0 got old rank 0's "
-         f"{-(-CASES[0][0] // CASES[0][1])} elements); on another world size each rank holds "
-         f"another slice"),
-        ("join the old shards by rank, drop the padding past numel, then cut "
-         "ceil(numel / new_world_size) elements for the new rank"))
-
-
-def _diagnose(got, want, numel, old_n, new_n, rank):
-    """(message, hint) for the first thing wrong in ``got``, or None."""
-    where = f"numel {numel}, {old_n} → {new_n} ranks, new rank {rank}"
-    if not isinstance(got, dict):
-        return ((f"reshard returned a {type(got).__name__}; return a dict with 'param', "
-                f"'exp_avg' and 'exp_avg_sq'"), "one entry per key of the old shards")
-    missing = [k for k in KEYS if k not in got]
-    if "param" in missing:
-        return (f"no 'param' in what you return ({where})", "one entry per key of the old shards")
-    if missing:
-        return ((f"{MOMENTS_NOT_RESHARDED} (optimizer state forgotten: no {missing} in what "
-                 f"you return; {where}); the resumed Adam would start its moments from zero and "
-                 f"take a different step"),
-                "reshard every entry of the old shards, not only 'param'")
-    moments = _moments_forgotten(got, want, numel, old_n, rank)
-    if moments:
-        return f"{MOMENTS_NOT_RESHARDED} ({moments}; {where})", MOMENTS_HINT
-    size = len(want["param"])
-    for key in KEYS:
-        g = got[key]
-        if not torch.is_tensor(g) or g.dim() != 1:
-            return (f"{key!r} is not a 1-D tensor ({where})", "return flat shards")
-        if g.numel() != size:
-            real = max(0, min(numel - rank * size, size))
-            if g.numel() == real < size:
-                return ((f"{key!r} has {g.numel()} elements, expected {size} ({where}): the last "
-                         f"shard is not padded: rank {rank}'s slice holds {real} real elements, "
-                         f"and every shard is ceil({numel}/{new_n}) = {size} long"),
-                        "pad the short slice with zeros up to ceil(numel / N)")
-            return _wrong_size(key, g.numel(), size, numel, old_n, new_n, where)
-    for key in KEYS:
-        g, w = got[key].float(), want[key]
-        if torch.equal(g, w):
-            continue
-        for shard, message, hint in _mistakes(key, numel, old_n, new_n, rank):
-            if _same(g, shard):
-                return f"{key!r}: {message} ({where})", hint
-        real = max(0, min(numel - rank * size, size))
-        if torch.isnan(g).any():
-            return ((f"{key!r} holds NaN: the old ranks' padding ({where}); padding values "
-                    f"mean nothing (here NaN), and the new padding must be zeros"),
-                    "drop everything past numel before cutting the new shards")
-        if torch.equal(g[:real], w[:real]):
-            return (f"{key!r}: the elements are right but the padding is not zeros ({where})",
-                    "the last rank's shard ends with zeros up to ceil(numel / N)")
-        bad = int((g != w).nonzero()[0])
-        return ((f"{key!r}: element {bad} of the shard is {g[bad].item():g}, expected "
-                f"{w[bad].item():g} ({where})"), "rank r holds elements [r * size, (r + 1) * size)")
-    return None
-
-
-MOMENTS_NOT_RESHARDED = ("the parameters are resharded but Adam's moments (exp_avg, exp_avg_sq) "
-                         "are not: reshard the optimizer state with the same offsets")
-MOMENTS_HINT = "the same cut for every key of the old shards: for key in old_shards[r]"
-
-
-def _moments_forgotten(got, want, numel, old_n, rank) -> str | None:
-    """What the moments look like when 'param' is right and they are not, else None.
-    Note: a learner who cuts every key the same way gets 'param' and the moments wrong together;
-    'param' right alone means the moments took another road (zeros, the old shard, nothing)."""
-    param = got["param"]
-    if not (torch.is_tensor(param) and param.shape == want["param"].shape
-            and torch.equal(param.float(), want["param"])):
-        return None
-    for key in STATES:
-        g = got[key]
-        if torch.is_tensor(g) and g.shape == want[key].shape and torch.equal(g.float(), want[key]):
-            continue
-        if not torch.is_tensor(g):
-            return f"{key!r} is a {type(g).__name__}, not a shard"
-        mine = old_shards(numel, old_n).get(rank, {}).get(key)
-        if mine is not None and _same(g.reshape(-1), mine):
-            return f"{key!r} is old rank {rank}'s shard, unchanged"
-        if g.numel() and not g.float().abs().sum():
-            return f"{key!r} is all zeros: Adam would restart its moments"
-        if g.numel() != want[key].numel():
-            return f"{key!r} has {g.numel()} values, not the {want[key].numel()} of a new shard"
-        return f"{key!r} holds other values than new rank {rank}'s slice of the moment"
-    return None
-
-
-def _mistakes(key, numel, old_n, new_n, rank):
-    """(the shard it gives, message, hint) for each typical mistake, simulated."""
-    size = -(-numel // new_n)
-    old = old_shards(numel, old_n)
-    by_rank = torch.cat([old[r][key] for r in sorted(old)])
-    as_listed = torch.cat([s[key] for s in old.values()])
-
-    def cut(flat, lo):
-        flat = torch.cat([flat, torch.zeros(size * (new_n + 5) * 4)])
-        return flat[lo:lo + size] if lo >= 0 else None
-    real = _wholes(numel)[key]
-    yield (cut(as_listed[:numel], rank * size),
-           "the old shards were joined in the order they came (as files are listed), not by rank",
-           "sort the old ranks (sorted(old_shards)) before joining them")
-    yield (cut(as_listed, rank * size), ("the old shards were joined in the order they came, not "
-           "by rank, and their padding kept"), "sort the old ranks, then keep only numel elements")
-    for shift in (1, -1):
-        yield (cut(real, rank * size + shift), (f"off by one: your shard starts at element "
-               f"{rank * size + shift}, rank {rank}'s starts at {rank * size}"),
-               "rank r holds [r * size, (r + 1) * size), the end excluded")
-    other = new_n - 1 - rank
-    if other != rank:
-        yield (cut(real, other * size), (f"new rank {rank} holds elements [{other * size}, "
-               f"{(other + 1) * size}), which are rank {other}'s slice: the new ranks are "
-               f"counted from the wrong end"), "new rank r starts at r * size")
-    if rank:
-        yield (cut(real, rank * size * 4), (f"your shard starts at element {rank * size * 4} = 4 "
-               f"x {rank * size}: bytes and elements mixed"), "offsets in elements, not bytes")
-    yield (cut(by_rank, rank * size), ("the old ranks' padding (NaN here: its values mean "
-           "nothing) was kept inside the unit, so the new shards hold it"),
-           "drop everything past numel (the old padding) before cutting the new shards")
-
-
-def _same(got: torch.Tensor, candidate) -> bool:
-    return (candidate is not None and len(candidate) == len(got)
-            and torch.equal(torch.nan_to_num(got, nan=-7.5),
-                            torch.nan_to_num(candidate.to(got.dtype), nan=-7.5)))
-
-
-def _wrong_size(key, got, size, numel, old_n, new_n, where):
-    old_padded = -(-numel // old_n) * old_n
-    if got == size * 4:
-        return ((f"{key!r} has {got} values, 4 x the {size} elements a shard holds ({where}): "
-                f"bytes and elements mixed (a float32 is 4 bytes)"),
-                "count elements (numel()), not bytes (nbytes)")
-    if got == numel // new_n:
-        return ((f"{key!r} has {got} elements, expected {size} ({where}): {numel} elements do not "
-                f"split evenly over {new_n} ranks, so every shard holds ceil({numel}/{new_n}) = "
-                f"{size} and the last is padded; equal shards of numel // N lose elements"),
-                "size = -(-numel // new_world_size)")
-    if got == -(-old_padded // new_n):
-        return ((f"{key!r} has {got} elements, expected {size} ({where}): you counted the old "
-                f"padding ({old_padded} = {numel} + {old_padded - numel}) as elements"),
-                "use numel, not the sum of the old shards' lengths")
-    return (f"{key!r} has {got} elements, expected ceil({numel}/{new_n}) = {size} ({where})",
-            "each new rank holds ceil(numel / N) elements, padded with zeros")
-
-
-def files_table(folder) -> list[tuple[str, int]]:
-    """(relative path, bytes) of every file under ``folder``, sorted."""
-    from pathlib import Path
-    root = Path(folder)
-    return sorted((str(p.relative_to(root)), p.stat().st_size)
-                  for p in root.rglob("*") if p.is_file())
