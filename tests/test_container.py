@@ -2,8 +2,8 @@
 
 Without a marker (the default suite, fast, no podman): both Dockerfiles install the kit with the
 same lines; compose.yaml reserves the GPUs, gives NCCL its shared memory and memlock, binds the
-port to 127.0.0.1, requires JUPYTER_TOKEN and keeps the work on a volume; docker/sky.yaml is a
-SkyPilot task that rents 2–8 GPUs and starts the image with those flags (loaded by SkyPilot
+port to 127.0.0.1, passes JUPYTER_TOKEN through and keeps the work on a volume; docker/sky.yaml is a
+SkyPilot task that rents 4 GPUs, cheapest first, and starts the image with those flags (loaded by SkyPilot
 itself when it is installed); the entrypoint refuses to start JupyterLab without a token.
 
 Marked ``container`` (needs root, podman and debootstrap; apt-get install podman debootstrap):
@@ -164,9 +164,11 @@ def test_compose_gives_nccl_what_it_needs_and_binds_localhost():
         memlock = service["ulimits"]["memlock"]
         assert memlock == -1 or memlock == {"soft": -1, "hard": -1}, f"{name}: memlock {memlock}"
         assert service["ports"] == ["127.0.0.1:8888:8888"], f"{name}: {service['ports']}"
+        # Note: passed through from the shell (no value), not ${JUPYTER_TOKEN:?...}, which
+        # compose interpolates for every command, build included; the entrypoint refuses an
+        # empty token when the container starts (test_entrypoint_refuses_to_start_without_a_token).
         token = service["environment"]["JUPYTER_TOKEN"]
-        assert re.fullmatch(r"\$\{JUPYTER_TOKEN:\?[^}]+\}", token), (
-            f"{name}: JUPYTER_TOKEN is not required (${{JUPYTER_TOKEN:?message}}): {token}")
+        assert token is None, f"{name}: JUPYTER_TOKEN is not passed through from the shell: {token}"
         volume, _, target = service["volumes"][0].partition(":")
         assert volume in compose["volumes"] and target == "/home/learner/work", (
             f"{name}: the work is not on a named volume")
@@ -208,7 +210,7 @@ def test_sky_task_loads_in_skypilot():
     task = sky.Task.from_yaml_config(yaml.safe_load(SKY.read_text()),
                                      env_overrides=[("JUPYTER_TOKEN", "a-token")])
     accelerators = [r.accelerators for r in task.resources]
-    assert accelerators[0] == {"H100": 8} and {"L4": 4} in accelerators, accelerators
+    assert accelerators[0] == {"L4": 4}, accelerators  # the cheapest 4-GPU box first
     assert all(len(a) == 1 and 2 <= next(iter(a.values())) <= 8 for a in accelerators), accelerators
     assert task.envs["JUPYTER_TOKEN"] == "a-token"
     _sky_run_flags(task.run)

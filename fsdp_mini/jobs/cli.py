@@ -6,6 +6,7 @@
     fsdp-mini compare --world-size 4 --shard-size 2          # and hsdp, 2 groups of 2
     fsdp-mini render-labs --out build/labs      # executed HTML copies of the labs
     fsdp-mini plan --params 7e9 --gpus 8 --gpu-mem 80   # will it fit? (formulas, no ranks)
+    fsdp-mini doctor --gpus 4 --url http://localhost:8888   # the day before: what is wrong here
     fsdp-mini progress team1/ team2/ --html page.html  # every team's checks (the instructor)
 
 Bad arguments are reported in one line on stderr with exit status 2, before any rank starts.
@@ -23,6 +24,7 @@ import time
 
 from ..api import STRATEGIES
 from ..arguments import count
+from .doctor import add_doctor_parser, doctor_command
 from .plan_cli import add_plan_parser, number, plan_command
 from .progress import add_progress_parser, progress_command
 
@@ -72,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     ren.add_argument("labs", nargs="*", help="only these labs, by number or name (e.g. 03)")
     add_plan_parser(sub)
     add_progress_parser(sub)
+    add_doctor_parser(sub)
     return parser
 
 
@@ -221,6 +224,8 @@ def main(argv=None) -> int:
         return plan_command(args, _check_json_path)
     if args.command == "progress":
         return progress_command(args)
+    if args.command == "doctor":
+        return doctor_command(args)
     return 2
 
 

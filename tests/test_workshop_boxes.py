@@ -1,0 +1,421 @@
+"""Safe workshop boxes (issue 28, item 1): the attendees' login, the cluster user's home, the
+credentials, and what SkyPilot copies to a box.
+
+- docker/box_setup.sh on a stand-in box: a folder standing in for ``/`` with its own etc/passwd,
+  etc/group and homes, where ``useradd --prefix`` makes the users (root only: CI runs as root);
+  ``iptables`` and ``shutdown`` are stand-ins that record their arguments. Then a process with
+  the attendee's uid and gid (and no other group) tries to read the cluster user's home: the
+  kernel refuses, as it would on the box.
+- docker/sky-config.yaml: NO_UPLOAD for every cloud that has the option (SkyPilot's own schema and
+  loader check it where SkyPilot is installed: a ``sky`` command on PATH).
+- The synced folder: SkyPilot copies docker/sky.yaml's workdir with ``rsync --filter='dir-merge,-
+  .skyignore'`` (sky/utils/command_runner.py, 0.14.1). The repository is walked here with those
+  rules (reimplemented, and checked against rsync itself and SkyPilot's own
+  ``storage_utils.get_excluded_files`` where they are installed): no token, team list, key or
+  collected tar is ever copied, wherever it was written.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BOX_SETUP = ROOT / "docker" / "box_setup.sh"
+SKY_CONFIG = ROOT / "docker" / "sky-config.yaml"
+SKYIGNORE = ROOT / ".skyignore"
+SECRET = "sky-cluster-key: the private key of all the instructor's clusters"
+
+# Stand-ins: iptables remembers the rules it was given (-C answers from them), shutdown records.
+IPTABLES = """#!/bin/sh
+echo "$(basename "$0") $*" >> "$BOX_CALLS"
+case "$1" in
+  -n) exit 0 ;;
+  -C) shift; grep -qxF -- "$*" "$BOX_RULES.$(basename "$0")" 2>/dev/null; exit $? ;;
+  -I) shift; echo "$*" >> "$BOX_RULES.$(basename "$0")" ;;
+esac
+"""
+SHUTDOWN = """#!/bin/sh
+echo "shutdown $*" >> "$BOX_CALLS"
+"""
+
+
+@pytest.fixture
+def box():
+    """A stand-in box: its root folder (world-readable, so that another uid can walk to the
+    homes), the cluster user ubuntu (in sudo and docker, as on SkyPilot's images) with what
+    SkyPilot leaves in its home, and the stand-in commands."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the stand-in box's users are made with useradd --prefix")
+    if shutil.which("useradd") is None or shutil.which("usermod") is None:
+        pytest.skip("useradd/usermod (Debian's passwd package) are not installed")
+    root = Path(tempfile.mkdtemp(prefix="fsdp-mini-box-", dir="/tmp"))
+    try:
+        root.chmod(0o755)
+        (root / "etc").mkdir()
+        (root / "home").mkdir()
+        (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+        (root / "etc" / "group").write_text("root:x:0:\nsudo:x:27:\ndocker:x:999:\n")
+        (root / "etc" / "shadow").write_text("root:*:19000:0:99999:7:::\n")
+        (root / "etc" / "gshadow").write_text("root:*::\nsudo:*::\ndocker:*::\n")
+        (root / "etc" / "shadow").chmod(0o600)
+        made = subprocess.run(["useradd", "--prefix", str(root), "--create-home", "--user-group",
+                               "--groups", "sudo,docker", "--shell", "/bin/bash", "ubuntu"],
+                              capture_output=True, text=True)
+        assert made.returncode == 0, made.stderr
+        home = root / "home" / "ubuntu"
+        home.chmod(0o755)  # Note: Ubuntu before 21.04, and useradd without HOME_MODE
+        for path, text in ((".ssh/sky-cluster-key", SECRET), (".ssh/authorized_keys", "ssh-ed25519 AAAA sky"),
+                           (".aws/credentials", "[default]\naws_secret_access_key = x\n"),
+                           (".lambda_cloud/lambda_keys", "api_key = x\n"),
+                           (".config/gcloud/credentials.db", "x"), ("notes.txt", "the instructor's")):
+            (home / path).parent.mkdir(parents=True, exist_ok=True)
+            (home / path).write_text(text)
+        uid = int(_passwd(root, "ubuntu")[2])
+        for p in [home, *home.rglob("*")]:
+            os.chown(p, uid, uid)
+        bin_dir = root / "stand-in-bin"
+        bin_dir.mkdir()
+        for name, text in (("iptables", IPTABLES), ("ip6tables", IPTABLES), ("shutdown", SHUTDOWN)):
+            (bin_dir / name).write_text(text)
+            (bin_dir / name).chmod(0o755)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _passwd(root: Path, user: str) -> list[str]:
+    for line in (root / "etc" / "passwd").read_text().splitlines():
+        if line.split(":")[0] == user:
+            return line.split(":")
+    raise AssertionError(f"no user {user} in the stand-in box")
+
+
+def _groups_of(root: Path, user: str) -> list[str]:
+    return [line.split(":")[0] for line in (root / "etc" / "group").read_text().splitlines()
+            if user in line.split(":")[3].split(",")]
+
+
+def _setup(root: Path, *args: str, stdin: str | None = None, **env) -> subprocess.CompletedProcess:
+    run_env = {**os.environ, "BOX_ROOT": str(root), "CLUSTER_USER": "ubuntu",
+               "PATH": f"{root / 'stand-in-bin'}{os.pathsep}{os.environ['PATH']}",
+               "BOX_CALLS": str(root / "calls"), "BOX_RULES": str(root / "rules"), **env}
+    return subprocess.run(["bash", str(BOX_SETUP), *args], env=run_env, input=stdin,
+                          capture_output=True, text=True, timeout=60)
+
+
+def _as_attendee(root: Path, script: str) -> subprocess.CompletedProcess:
+    """A shell script run with the attendee's uid and gid and no other group, as its login would
+    (/bin/sh: the kit's virtualenv may be closed to other users)."""
+    fields = _passwd(root, "attendee")
+    return subprocess.run(["/bin/sh", "-c", script], user=int(fields[2]),
+                          group=int(fields[3]), extra_groups=[], capture_output=True, text=True,
+                          timeout=30, cwd="/")
+
+
+def test_the_attendee_login_cannot_read_the_cluster_users_home(box):
+    home = box / "home" / "ubuntu"
+    done = _setup(box, "setup", BOX_HOURS="5")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 5 and all(line.startswith("box_setup: ") for line in lines), lines
+    attendee = _passwd(box, "attendee")
+    assert attendee[6] in ("/usr/sbin/nologin", "/sbin/nologin"), attendee
+    assert _groups_of(box, "attendee") == [], "the attendee is in no group but its own"
+    assert _groups_of(box, "ubuntu") == ["sudo", "docker"]
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
+    # The kernel's word, not the mode bits': a process of the attendee's uid.
+    own = box / "home" / "attendee" / ".ssh" / "authorized_keys"
+    probe = _as_attendee(box, f"""
+ls '{home}' >/dev/null 2>&1 && echo READ home || echo refused home
+for f in .ssh/authorized_keys notes.txt; do
+    cat '{home}'/$f >/dev/null 2>&1 && echo READ $f || echo refused $f
+done
+[ -r '{own}' ] && echo own-readable
+[ -w '{own}' ] && echo own-writable
+true
+""")
+    assert probe.returncode == 0, probe.stderr
+    assert "READ" not in probe.stdout, probe.stdout
+    assert probe.stdout.count("refused") == 3
+    assert "own-readable" in probe.stdout and "own-writable" not in probe.stdout, \
+        "its keys are readable to sshd's checks, not writable"
+    # What SkyPilot copied is gone; the instructor's own files are not touched.
+    for path in (".ssh/sky-cluster-key", ".aws/credentials", ".lambda_cloud/lambda_keys",
+                 ".config/gcloud/credentials.db"):
+        assert not (home / path).exists(), path
+    assert (home / "notes.txt").exists() and (home / ".ssh" / "authorized_keys").exists()
+    calls = (box / "calls").read_text().splitlines()
+    assert "iptables -I DOCKER-USER -d 169.254.169.254/32 -j REJECT" in calls
+    assert "shutdown -h +300 fsdp-mini workshop box: its deadline (BOX_HOURS=5)" in calls
+    # Run again (a relaunch): the same state, no rule added twice.
+    assert _setup(box, "setup", BOX_HOURS="5").returncode == 0
+    assert (box / "rules.iptables").read_text().count("169.254.169.254") == 1
+    check = _setup(box, "check")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.count("box_setup: ok ") == 6, check.stdout
+
+
+def test_before_the_setup_the_same_box_is_open(box):
+    """The stand-in box is a faithful one: without box_setup.sh another user reads the home."""
+    made = subprocess.run(["useradd", "--prefix", str(box), "--create-home", "--user-group",
+                           "--shell", "/bin/bash", "attendee"], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    probe = _as_attendee(box, f"cat '{box / 'home/ubuntu/.ssh/sky-cluster-key'}'")
+    assert probe.returncode == 0 and SECRET in probe.stdout, probe.stderr
+    check = _setup(box, "check")
+    assert check.returncode == 1
+    for failed in ("shell is /bin/bash", "home of ubuntu is open", "credentials on the box",
+                   "can reach the metadata service"):
+        assert failed in check.stdout, (failed, check.stdout)
+
+
+def test_attendee_keys_only_forward_the_lab_port(box, tmp_path):
+    assert _setup(box, "setup").returncode == 0
+    keys = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGZ1bGx5LXNoYXJkZWQ ada@laptop\n"
+            "# a comment\n\n"
+            "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTY= bob\r\n")
+    done = _setup(box, "add-key", stdin=keys)
+    assert done.returncode == 0, done.stderr
+    assert "2 added, 2 in all" in done.stdout
+    again = _setup(box, "add-key", stdin=keys)
+    assert "0 added, 2 in all" in again.stdout, "the same keys twice are kept once"
+    written = (box / "home" / "attendee" / ".ssh" / "authorized_keys").read_text().splitlines()
+    options = ('restrict,port-forwarding,permitopen="localhost:8888",permitopen="127.0.0.1:8888",'
+               'command="')
+    assert len(written) == 2 and all(line.startswith(options) for line in written), written
+    assert written[0].endswith(" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGZ1bGx5LXNoYXJkZWQ ada@laptop")
+    ssh_dir = box / "home" / "attendee" / ".ssh"
+    assert (ssh_dir.stat().st_uid, stat.S_IMODE(ssh_dir.stat().st_mode)) == (0, 0o755)
+    for bad, message in (("-----BEGIN OPENSSH PRIVATE KEY-----\n", "private key"),
+                         ('command="bash" ssh-ed25519 AAAA x\n', "not a public key"),
+                         ("ssh-ed25519 AA$A x\n", "malformed"), ("", "no public key")):
+        done = _setup(box, "add-key", stdin=bad)
+        assert done.returncode == 2 and message in done.stderr, (bad, done.stderr)
+        assert len(done.stderr.splitlines()) == 1
+    assert len((ssh_dir / "authorized_keys").read_text().splitlines()) == 2, "nothing written"
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"CLUSTER_USER": "root"}, "CLUSTER_USER is root"),
+    ({"CLUSTER_USER": "attendee"}, "the attendees' login"),
+    ({"CLUSTER_USER": "nobody-here"}, "not a user of this box"),
+    ({"BOX_HOURS": "5h"}, "BOX_HOURS is '5h'"), ({"BOX_HOURS": "100"}, "BOX_HOURS is '100'"),
+    ({"LAB_PORT": "88888"}, "LAB_PORT is '88888'")])
+def test_box_setup_refuses_bad_input_in_one_line(box, env, message):
+    done = _setup(box, "setup", **env)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert len(done.stderr.splitlines()) == 1
+
+
+def test_sky_yaml_runs_the_box_setup_before_anything_else():
+    task = yaml.safe_load((ROOT / "docker" / "sky.yaml").read_text())
+    setup = [line.strip() for line in task["setup"].splitlines() if line.strip()]
+    assert setup[0] == "set -e"
+    assert setup[1] == ('sudo env CLUSTER_USER="$(id -un)" BOX_HOURS="$BOX_HOURS" bash '
+                        'docker/box_setup.sh setup'), setup
+    assert setup[2].startswith("docker build"), "the image is built after the box is safe"
+    assert task["envs"]["BOX_HOURS"] == "12"
+
+
+# ------------------------------------------------------------------ no credentials uploaded
+def test_sky_config_uploads_no_credentials():
+    config = yaml.safe_load(SKY_CONFIG.read_text())
+    assert {"aws", "gcp", "azure"} <= set(config), config
+    assert all(v == {"remote_identity": "NO_UPLOAD"} for v in config.values()), config
+
+
+def _sky_python() -> str | None:
+    """The interpreter of the `sky` command on PATH (SkyPilot lives in a virtualenv of its own)."""
+    sky = shutil.which("sky")
+    if sky is None:
+        return None
+    first = Path(sky).read_text(errors="replace").splitlines()[0]
+    return first[2:].strip() if first.startswith("#!") else None
+
+
+def test_skypilot_reads_no_upload_from_the_workshops_config(tmp_path):
+    python = _sky_python()
+    if python is None:
+        pytest.skip("SkyPilot is not installed (no `sky` on PATH; pip install skypilot)")
+    code = f"""
+import json, yaml
+from sky import skypilot_config
+from sky.utils import common_utils, schemas
+common_utils.validate_schema(yaml.safe_load(open({str(SKY_CONFIG)!r})), schemas.get_config_schema(), 'bad: ')
+print(json.dumps({{c: skypilot_config.get_effective_workspace_region_config(
+    cloud=c, region=None, keys=('remote_identity',), default_value=None)
+    for c in ('aws', 'gcp', 'azure')}}))
+"""
+    env = dict(os.environ, SKYPILOT_PROJECT_CONFIG=str(SKY_CONFIG), HOME=str(tmp_path))
+    done = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == dict.fromkeys(("aws", "gcp", "azure"),
+                                                                     "NO_UPLOAD")
+
+
+# ------------------------------------------------------------------ what SkyPilot copies
+def _rules(folder: Path) -> list[tuple[str, bool, bool]]:
+    """The .skyignore of a folder as rsync reads a ``dir-merge,-`` file: (pattern, anchored,
+    folders only), every line an exclude pattern, comments and blank lines skipped."""
+    file = folder / ".skyignore"
+    if not file.is_file():
+        return []
+    rules = []
+    for line in file.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        dir_only = line.endswith("/")
+        line = line.rstrip("/")
+        anchored = line.startswith("/")
+        rules.append((line.lstrip("/"), anchored, dir_only))
+    return rules
+
+
+def _wildmatch(pattern: str, path: str) -> bool:
+    """rsync's wildcards: ``*`` and ``?`` stop at '/', ``**`` does not."""
+    import re
+    out, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**", i):
+            out += ".*"; i += 2
+        elif pattern[i] == "*":
+            out += "[^/]*"; i += 1
+        elif pattern[i] == "?":
+            out += "[^/]"; i += 1
+        elif pattern[i] == "[":
+            j = pattern.find("]", i)
+            out += fnmatch.translate(pattern[i:j + 1])[4:-3] if j > 0 else re.escape("[")
+            i = j + 1 if j > 0 else i + 1
+        else:
+            out += re.escape(pattern[i]); i += 1
+    return re.fullmatch(out, path) is not None
+
+
+def _excluded(rel: str, is_dir: bool, rules_by_dir: list[tuple[str, list]]) -> bool:
+    for base, rules in rules_by_dir:
+        sub = rel[len(base) + 1:] if base else rel
+        for pattern, anchored, dir_only in rules:
+            if dir_only and not is_dir:
+                continue
+            if anchored:
+                if _wildmatch(pattern, sub):
+                    return True
+            elif "/" in pattern or "**" in pattern:
+                parts = sub.split("/")
+                if any(_wildmatch(pattern, "/".join(parts[k:])) for k in range(len(parts))):
+                    return True
+            elif _wildmatch(pattern, sub.rsplit("/", 1)[-1]):
+                return True
+    return False
+
+
+def synced_files(root: Path) -> set[str]:
+    """The files rsync --filter='dir-merge,- .skyignore' copies from root (relative paths)."""
+    found = set()
+
+    def walk(folder: Path, rel: str, rules_by_dir):
+        rules_by_dir = rules_by_dir + [(rel, _rules(folder))]
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            child = f"{rel}/{entry.name}" if rel else entry.name
+            is_dir = entry.is_dir(follow_symlinks=False)
+            if _excluded(child, is_dir, rules_by_dir):
+                continue
+            if is_dir:
+                walk(Path(entry.path), child, rules_by_dir)
+            else:
+                found.add(child)
+    walk(root, "", [])
+    return found
+
+
+SECRETS = ("tokens.txt", "docker/tokens.txt", "slides/tokens.txt", "teams.txt", "team1.pub",
+           "keys/team1.pub", ".fsdp-mini-workshop/tokens/team1", ".fsdp-mini-workshop/teams",
+           "tokens/team1", "team1.token", "handouts/team1.md", "collected/team1-work.tar",
+           "team1-reports.tar", "docker/team2-work.tar", "build/labs/05.html",
+           ".venv/bin/python", "slides/node_modules/x/index.js", "fsdp_mini/__pycache__/a.pyc")
+KIT = ("docker/sky.yaml", "docker/box_setup.sh", "docker/Dockerfile", "docker/entrypoint.sh",
+       "fsdp_mini/__init__.py", "labs/00_setup.ipynb", "benchmarks/gpu_check.sh",
+       "slides/handout.md", "tests/test_cuda.py", "pyproject.toml", "README.md", ".skyignore")
+
+
+@pytest.fixture
+def planted(tmp_path):
+    """A workdir with the repository's .skyignore, the kit's files and secrets planted where an
+    instructor might write them."""
+    root = tmp_path / "repo"
+    for rel in SECRETS + KIT:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        if rel == ".skyignore":
+            shutil.copy(SKYIGNORE, root / rel)
+        else:
+            (root / rel).write_text("x")
+    return root
+
+
+def test_no_token_team_list_or_key_is_synced(planted):
+    assert SKYIGNORE.is_file(), ("no .skyignore: SkyPilot syncs by .gitignore, which leaves "
+                                 "tokens.txt, team lists and keys in the copy")
+    synced = synced_files(planted)
+    assert not synced & set(SECRETS), sorted(synced & set(SECRETS))
+    assert set(KIT) <= synced, sorted(set(KIT) - synced)
+
+
+def test_the_reimplementation_is_rsyncs(planted, tmp_path):
+    rsync = shutil.which("rsync")
+    if rsync is None:
+        pytest.skip("rsync is not installed (apt-get install rsync)")
+    # Note: SkyPilot's own filter, as sky/utils/command_runner.py passes it (RSYNC_FILTER_SKYIGNORE).
+    (planted / "sub").mkdir()
+    (planted / "sub" / ".skyignore").write_text("local-only.txt\n/anchored.txt\n")
+    for rel in ("sub/local-only.txt", "sub/anchored.txt", "sub/deeper/anchored.txt", "local-only.txt"):
+        (planted / rel).parent.mkdir(parents=True, exist_ok=True)
+        (planted / rel).write_text("x")
+    done = subprocess.run([rsync, "-a", "--dry-run", "--out-format=%n", "--filter=dir-merge,- .skyignore",
+                           f"{planted}/", str(tmp_path / "dst")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    theirs = {line for line in done.stdout.splitlines() if line and not line.endswith("/")}
+    assert synced_files(planted) == theirs
+
+
+def test_the_reimplementation_is_skypilots_own_listing(planted):
+    python = _sky_python()
+    if python is None:
+        pytest.skip("SkyPilot is not installed (no `sky` on PATH)")
+    code = ("import json, sys; from sky.data import storage_utils; "
+            "print(json.dumps(storage_utils.get_excluded_files(sys.argv[1])))")
+    done = subprocess.run([python, "-c", code, str(planted)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    excluded = [p.rstrip("/") for p in json.loads(done.stdout.splitlines()[-1])]
+    all_files = {str(p.relative_to(planted)) for p in planted.rglob("*") if p.is_file()}
+    theirs = {f for f in all_files if not any(f == e or f.startswith(e + "/") for e in excluded)}
+    assert synced_files(planted) == theirs
+
+
+def test_the_repository_as_it_is_syncs_no_secret_and_everything_a_box_needs():
+    synced = synced_files(ROOT)
+    bad = sorted(f for f in synced if f.endswith((".token", ".pub", "-reports.tar", "-work.tar"))
+                 or Path(f).name in ("tokens.txt", "teams.txt") or f.startswith((".venv/", ".git/"))
+                 or "/node_modules/" in f or "__pycache__" in f)
+    assert not bad, bad
+    for needed in ("docker/sky.yaml", "docker/box_setup.sh", "docker/Dockerfile",
+                   "benchmarks/gpu_check.sh", "fsdp_mini/__init__.py", "pyproject.toml"):
+        assert needed in synced, needed
+
+
+def test_skyignore_keeps_out_all_that_gitignore_does():
+    """A .skyignore replaces .gitignore for SkyPilot: each of .gitignore's lines must be in it."""
+    def lines(path):
+        return {ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")}
+    missing = lines(ROOT / ".gitignore") - lines(SKYIGNORE)
+    assert not missing, missing
