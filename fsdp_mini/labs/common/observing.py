@@ -61,6 +61,19 @@ def mse(net, x, y):
     return nn.functional.mse_loss(net(x), y)
 
 
+def training_run(kind: str, rank: int, world_size: int):
+    """(net, batch, loss) of ``kind``: a small net (:data:`NETS`) or a GPT preset of the labs
+    (``"tiny"``...), rank ``rank``'s net with its own seed and its rows of each step's batch."""
+    if kind in NETS:
+        return small_net(kind, rank), batches_for(kind, rank, world_size), mse
+    from ...models import GPTConfig, SyntheticText, make_model
+    gpt = GPTConfig.sized(kind)
+    data = SyntheticText(gpt.vocab_size, gpt.block_size)
+    return (make_model(gpt, seed=rank),
+            lambda step: data.local_batch(step, 4 * world_size, rank, world_size),
+            lambda net, x, y: net(x, y)[1])
+
+
 def observe_training(record, net, optimizer, batch, steps: int, loss=mse,
                      each_step=lambda step: None) -> None:
     """Train ``steps`` steps; record the start, and per step the loss, the weights once backward
@@ -115,11 +128,15 @@ class _Marks:
                             for r in self.ledger.records[a:b]))
 
 
-def observe_memory(record, net, optimizer, batch, steps: int, loss=mse) -> None:
+def observe_memory(record, net, optimizer, batch, steps: int, loss=mse,
+                   before_zero_grad: bool = False, also: dict | None = None) -> None:
     """Train ``steps`` steps under ``track_memory``; record per step the bytes at the step's
-    peak, and by category what is still alive once it is over (kept references show there).
-    Note: the peak as one number: which category a tensor counts in is settled when the tracker
-    next looks, so a breakdown *at* the peak moves with the backend's timing; the total does not."""
+    peak, and by category what is still alive once it is over (kept references show there):
+    after ``zero_grad``, or with ``before_zero_grad`` once the update is done (a sharded
+    strategy's gradient shards still there). ``also``: {observable: fn(tracker)}, each recorded
+    per step too. Note: the peak as one number: which category a tensor counts in is settled
+    when the tracker next looks, so a breakdown *at* the peak moves with the backend's timing;
+    the total does not."""
     from ...memory import track_memory
     with track_memory(net, optimizer) as mem:
         for step in range(1, steps + 1):
@@ -127,10 +144,15 @@ def observe_memory(record, net, optimizer, batch, steps: int, loss=mse) -> None:
             x, y = batch(step)
             loss(net, x, y).backward()
             optimizer.step()
+            if before_zero_grad:
+                record.see("alive", settled(mem), step=step)
             optimizer.zero_grad()
             del x, y
             record.see("peak", mem.own_peak_bytes, step=step)
-            record.see("alive", settled(mem), step=step)
+            if not before_zero_grad:
+                record.see("alive", settled(mem), step=step)
+            for name, read in (also or {}).items():
+                record.see(name, read(mem), step=step)
 
 
 def settled(mem) -> dict:

@@ -7,13 +7,11 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from ...models import GPTConfig, SyntheticText, make_model
 from ..common.checking import measure_strategies, missing_methods
 from ..common.differential import Check, Hint, spread
 from ..common.hints import HANG, power_of_n, ratios
 from ..common.exercise import load_solution
-from ..common.observing import (NETS, OPTIMIZERS, batches_for, mse, observe_training, settled,
-                                small_net)
+from ..common.observing import OPTIMIZERS, observe_memory, observe_training, training_run
 from ..common.report import CheckResult, verdict_of_check
 from .scaffold import ZeroScaffold
 
@@ -23,28 +21,14 @@ STEPS, SGD = 4, "SGD+momentum"
 
 def _train(cls, cfg, record) -> None:
     from ...api import parallelize
-    from ...memory import track_memory
     n, rank = cfg["world_size"], record.rank
     for memory in (False, True)[:1 + (cfg["optimizer"] != SGD)]:
-        if cfg["net"] in NETS:
-            net, batch, loss = small_net(cfg["net"], rank), batches_for(cfg["net"], rank, n), mse
-        else:
-            gpt = GPTConfig.sized(cfg["net"])
-            data = SyntheticText(gpt.vocab_size, gpt.block_size)
-            net, loss = make_model(gpt, seed=rank), lambda net, x, y: net(x, y)[1]
-            batch = lambda step: data.local_batch(step, 4 * n, rank, n)  # noqa: E731
+        net, batch, loss = training_run(cfg["net"], rank, n)
         net, opt = parallelize(net, cls, optimizer=OPTIMIZERS[cfg["optimizer"]],
                                check_collectives=not memory)
         zero, starts = net.fsdp_mini, []
         if memory:  # Note: alive once the update is done, before zero_grad frees the gradient
-            with track_memory(net, opt) as mem:
-                for step in range(1, STEPS + 1):
-                    mem.reset_peak()
-                    loss(net, *batch(step)).backward()
-                    opt.step()
-                    record.see("alive", settled(mem), step=step)
-                    opt.zero_grad()
-                    record.see("peak", mem.own_peak_bytes, step=step)
+            observe_memory(record, net, opt, batch, STEPS, loss, before_zero_grad=True)
             continue
         record.see("slice", zero.slice, step=0)
         record.see("numel", zero.layout.numel, step=0)

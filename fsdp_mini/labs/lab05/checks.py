@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ...models import GPTConfig, SyntheticText, make_model
 from ..common.checking import missing_methods, unwritten
 from ..common.differential import Check, Hint, spread
 from ..common.hints import HANG, power_of_n, ratios
 from ..common.exercise import load_solution
-from ..common.observing import (NETS, OPTIMIZERS, batches_for, mse, observe_training, settled,
-                                small_net, units_of)
+from ..common.observing import (NETS, OPTIMIZERS, observe_memory, observe_training,
+                                training_run, units_of)
 from ..common.report import CheckResult, verdict_of_check
 from .scaffold import FSDPScaffold, FSDPUnit
 
@@ -23,17 +22,11 @@ STEPS, SGD = 4, "SGD+momentum"
 
 def _train(unit_cls, cfg, record) -> None:
     from ...api import parallelize
-    from ...memory import track_memory
     n, rank = cfg["world_size"], record.rank
     for memory in (False, True)[:1 + (cfg["optimizer"] != SGD)]:
-        if cfg["net"] in NETS:
-            net, batch, loss = small_net(cfg["net"], rank), batches_for(cfg["net"], rank, n), mse
-            units = units_of(net)[:-1]  # the root holds the last layer
-        else:
-            gpt = GPTConfig.sized(cfg["net"])
-            data = SyntheticText(gpt.vocab_size, gpt.block_size)
-            net, loss = make_model(gpt, seed=rank), lambda net, x, y: net(x, y)[1]
-            batch, units = lambda step: data.local_batch(step, 4 * n, rank, n), list(net.blocks)
+        net, batch, loss = training_run(cfg["net"], rank, n)
+        # Note: in a small net the root holds the last layer; in the GPT every block is a unit
+        units = units_of(net)[:-1] if cfg["net"] in NETS else list(net.blocks)
         net, opt = parallelize(net, type("Checked", (FSDPScaffold,), {"unit_class": unit_cls}),
                                units=units, optimizer=OPTIMIZERS[cfg["optimizer"]],
                                check_collectives=not memory)
@@ -43,15 +36,9 @@ def _train(unit_cls, cfg, record) -> None:
             for step, what, unit, value in net.fsdp_mini.notes:
                 record.see(what, value, step=step, unit=unit)
             continue
-        with track_memory(net, opt) as mem:  # Note: alive once the update is done, before
-            for step in range(1, STEPS + 1):  # zero_grad frees the gradient shards
-                mem.reset_peak()
-                loss(net, *batch(step)).backward()
-                opt.step()
-                record.see("alive", settled(mem), step=step)
-                opt.zero_grad()
-                record.see("peak", mem.own_peak_bytes, step=step)
-                record.see("peak_gathered", mem.peak_by_category["gathered_params"], step=step)
+        # Note: alive once the update is done, before zero_grad frees the gradient shards
+        observe_memory(record, net, opt, batch, STEPS, loss, before_zero_grad=True, also={
+            "peak_gathered": lambda mem: mem.peak_by_category["gathered_params"]})
 
 
 def _configs(world_size: int, model: str) -> list:
