@@ -4,13 +4,6 @@ import torch
 
 import fsdp_mini
 from fsdp_mini import labs
-from fsdp_mini.labs.lab11 import train as assessment_train
-
-
-def weights_of_each(rank, world_size, fns, steps):
-    """Every function's weights after ``steps`` steps, on this rank: one launch for many."""
-    torch.set_num_threads(1)
-    return [assessment_train._run(rank, world_size, fn, steps) for fn in fns]
 
 
 def log_on_rank_0(rank, world_size, steps):

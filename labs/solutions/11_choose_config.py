@@ -5,7 +5,7 @@ Lab 07's search, with one change: the limit is not the GPU's memory but what the
 of it, (1 - headroom) x gpu_mem_gb GB (10**9 bytes, the planner's unit). Every candidate
 (strategy x precision x checkpointing) is planned with the model's shape, so that its peak counts
 the activations; the cheapest sends the fewest bytes per GPU per step; at equal bytes, no
-checkpointing comes first, then the less sharded strategy.
+checkpointing comes first, then the less sharded strategy, then fp32.
 """
 
 import fsdp_mini
@@ -26,7 +26,8 @@ def choose_config(model, gpus, gpu_mem_gb, micro_batch, headroom):
                                strategies=STRATEGIES,
                                reduce_dtype="bf16" if precision == "bf16-mixed" else None)
             for strategy, s in p.strategies.items():
-                cost = (s.sent_bytes_per_step, checkpointing, STRATEGIES.index(strategy))
+                cost = (s.sent_bytes_per_step, checkpointing, STRATEGIES.index(strategy),
+                        PRECISIONS.index(precision))
                 if s.peak_bytes <= limit and (best_cost is None or cost < best_cost):
                     best_cost = cost
                     best = {"strategy": strategy, "precision": precision,

@@ -1,172 +1,150 @@
-"""The assessment, task 4: the bytes one rank must send per step in a configuration, from the
-model's units; checked against the ledger of real runs and against the planner at the job's
-scale.
-
-    units = labs.units_of(shape)           # {"blocks.0": elements, ..., "root": elements}
-    labs.check_bytes_per_step(bytes_per_step, runs, N)
-
-Per step, one rank sends (ring model, N ranks; bytes per element: 4 in fp32; 2 in bf16-mixed,
-the planner's, for parameters and gradients alike):
-
-    ddp     one all-reduce of the gradients           2(N−1)/N × Ψ × grad bytes
-    zero    reduce-scatter gradients, all-gather      (N−1)/N × Ψ × (grad + param bytes)
-            the updated parameters
-    fsdp    per unit: an all-gather in forward, one   (N−1)/N × unit × (2 param + grad bytes)
-            in backward, a reduce-scatter; the root
-            only once (it stays gathered for backward) (N−1)/N × root × (param + grad bytes)
-
-Checkpointing changes no byte: its recomputation runs while the unit is gathered for backward
-anyway (lab 07). Example, fsdp in fp32 on 2 ranks, one unit of 1000 elements and a root of 200:
-½ × (1000 × 12 + 200 × 8) = 6800 B.
+"""The assessment, task 4: the bytes one rank sends per step in a configuration, from the model's
+units (:func:`fsdp_mini.planner.units.units_of`), beside the reference on every strategy x
+precision x checkpointing, 1 to 64 ranks, three kinds of units; then the stand-in's ledger and
+the planner at the job's scale. Ring, N ranks, 4 B a value in fp32, 2 in bf16-mixed: ddp
+2(N−1)/N × Ψ; zero (N−1)/N × Ψ × 2; fsdp per unit two all-gathers and a reduce-scatter, the root
+gathered once. Example, fsdp fp32, 2 ranks, a unit of 1000 and a root of 200: 6800 B.
 """
 
 from __future__ import annotations
 
-import math
-
-from ...planner.plan import plan
 from ...planner.shapes import ModelShape
-from ..common.exercise import not_written_yet
-from ..common.configurations import describe, reduce_dtype_of
+from ...planner.units import units_of
+from ..common.configurations import PRECISIONS, STRATEGIES, describe
+from ..common.differential import Check, Hint
+from ..common.exercise import load_solution, not_written_yet
+from ..common.records import Config
 from ..common.report import CheckResult, verdict_of_check
-from .fit import JOB_BUDGET
+from ..common.facts import constant_ratio, fit_terms, number, pairs, right_only_with, same_as_at
+from .fit import JOB_BUDGET, FitBudget, planned
 from .runs import JOB_GPT
 
 __all__ = ["bytes_model", "check_bytes_per_step", "units_of"]
 
-TOL = 1e-3   # padding: a unit is padded to a multiple of N elements, a few bytes in a thousand
-
-MISTAKES = {
-    "ddp for fsdp": ("you used DDP's formula for FSDP: FSDP sends 3 collectives of each unit "
-                     "(2 all-gathers, 1 reduce-scatter), about 3Ψ, not DDP's 2Ψ",
-                     "fsdp: (N−1)/N × unit × (2 × param bytes + grad bytes), the root once"),
-    "fp32 gathers": ("you counted bf16-mixed all-gathers in fp32: in bf16-mixed the parameters "
-                     "travel in 2 bytes", "param bytes: 2 in bf16-mixed, 4 in fp32"),
-    "fp32 grads": ("you counted bf16-mixed gradients in fp32: the planner's bf16-mixed reduces "
-                   "them in 2 bytes (reduce_dtype=torch.bfloat16)",
-                   "grad bytes: 2 in bf16-mixed, 4 in fp32"),
-    "no ring": ("the (N−1)/N is missing: one rank sends (N−1)/N of each payload (an all-reduce "
-                "2(N−1)/N)", "multiply each collective's payload by (N−1)/N"),
-    "all-reduce once": ("you counted DDP's all-reduce as one pass: it is a reduce-scatter then "
-                        "an all-gather, 2(N−1)/N × the payload",
-                        "ddp: 2(N−1)/N × Ψ × grad bytes"),
-    "root twice": ("you gathered the root twice: it stays gathered from its forward to its "
-                   "backward, so it is gathered once", "units['root']: one all-gather"),
-    "checkpointing": ("you added all-gathers for checkpointing: the recomputation runs while the "
-                      "unit is gathered for its backward anyway, so the bytes are the same",
-                      "checkpointing changes no byte sent"),
-    "bits": ("off by 8: you counted bits; the ledger counts bytes", "return bytes"),
-}
+GROUP = ("strategy", "precision", "checkpointing")
+UNITS = {"equal": {"blocks.0": 4096, "blocks.1": 4096, "blocks.2": 4096, "root": 4096},
+         "unequal": {"blocks.0": 1001, "blocks.1": 1001, "root": 6007},
+         "one block": {"blocks.0": 50_000, "root": 301}}
+KINDS = tuple(UNITS)   # Note: the spread's units; a check's own (_named) join UNITS, not the spread
+WHY = {"ddp": "an all-reduce of every gradient: 2 passes (a reduce-scatter, then an all-gather)",
+       "fsdp": "each block gathered twice (forward, backward) and its gradient reduce-scattered, "
+               "the root gathered once (it stays gathered for backward)"}
+AXIS = {"strategy": "FSDP sends two all-gathers and a reduce-scatter of every unit (the root "
+        "gathered once), ZeRO a reduce-scatter and an all-gather of Ψ, DDP one all-reduce",
+        "precision": "in bf16-mixed parameters and gradients alike travel in 2 bytes",
+        "checkpointing": "checkpointing changes no byte: the recomputation runs while the unit "
+                         "is gathered for its backward anyway"}
 
 
-def units_of(shape: ModelShape) -> dict[str, int]:
-    """The elements of each fsdp unit of ``shape``: each layer (``"blocks.i"``), then the root.
-
-    >>> units_of(ModelShape(2, 32, 2, 64, 16, positions=16))
-    {'blocks.0': 12608, 'blocks.1': 12608, 'root': 2624}
-    """
-    units: dict[str, int] = {}
-    for unit, numel in shape.tensors():
-        units[unit] = units.get(unit, 0) + numel
-    root = units.pop("root")
-    return {**units, "root": root}
+def bytes_model(config: dict, units: dict, world_size: int) -> float:
+    """The kit's answer (the reference solution)."""
+    return _reference()(config, units, world_size)
 
 
-def bytes_model(config: dict, units: dict, world_size: int, mistake: str | None = None) -> float:
-    """The kit's answer (or, with ``mistake``, what that slip gives); see the module docstring.
-
-    >>> bytes_model({"strategy": "fsdp", "precision": "fp32", "checkpointing": False},
-    ...             {"blocks.0": 1000, "root": 200}, 2)
-    6800.0
-    """
-    n, bf16 = world_size, config["precision"] == "bf16-mixed"
-    ring = 1.0 if mistake == "no ring" else (n - 1) / n
-    param = 4 if not bf16 or mistake == "fp32 gathers" else 2
-    grad = 4 if not bf16 or mistake == "fp32 grads" else 2
-    psi, strategy = sum(units.values()), config["strategy"]
-    if strategy == "fsdp" and mistake == "ddp for fsdp":
-        strategy = "ddp"
-    if strategy == "ddp":
-        sent = (1 if mistake == "all-reduce once" else 2) * ring * psi * grad
-    elif strategy in ("zero1", "zero2"):
-        sent = ring * psi * (grad + param)
-    else:
-        sent = sum(ring * numel * (param * _gathers(name, config, mistake) + grad)
-                   for name, numel in units.items())
-    return sent * (8 if mistake == "bits" else 1)
+def _per_element(d, c):
+    """(yours, the reference's) bytes per element x (N−1)/N in ``c``'s configuration, fitted
+    over its ranks and units: per block and per root element for fsdp, else per element."""
+    def row(x):
+        r, u = (x["world_size"] - 1) / x["world_size"], UNITS[x["units"]]
+        return {"element": r * sum(u.values())} if c["strategy"] != "fsdp" else {
+            "block element": r * (sum(u.values()) - u["root"]), "root element": r * u["root"]}
+    same = [(x, m, w) for x, m, w in pairs(d, "bytes") if x["world_size"] > 1 and
+            x["units"] in UNITS and all(x[k] == c[k] for k in GROUP)]
+    fits = [fit_terms([(row(x), v[i]) for x, *v in same], 1e-4) for i in (0, 1)]
+    return fits if all(fits) and fits[0] != fits[1] else None
 
 
-def _gathers(unit: str, config: dict, mistake) -> int:
-    """All-gathers of ``unit`` in a step: 2 (forward, backward), the root 1 (kept for backward)."""
-    if unit == "root":
-        return 2 if mistake == "root twice" else 1
-    return 3 if mistake == "checkpointing" and config["checkpointing"] else 2
+def _fit_words(d) -> str:
+    for c in d.differ:
+        if found := _per_element(d, c):
+            return (f"{describe(c)}: you count " + ", ".join(
+                f"{found[0][k]:g} B per {k} (the reference {v:g})" for k, v in found[1].items())
+                + f", times (N−1)/N: {WHY.get(c['strategy'], AXIS['strategy'])}; "
+                f"{2 if c['precision'] == 'bf16-mixed' else 4} B a value in {c['precision']}")
+    return ""
 
 
-def job_cases(runs: dict, world_size: int, shape: ModelShape, gpus: int) -> list[tuple]:
-    """(what, configuration, units, N, the bytes a rank sends): each run's ledger, then the
-    planner at the job's scale for the configurations of the job's runs and a few more."""
-    small = units_of(ModelShape.from_gpt(JOB_GPT))
-    cases = [(f"the stand-in's ledger, {name} on {world_size} ranks", run["config"], small,
-              world_size, run["sent_bytes"]) for name, run in runs.items()]
-    big, seen = units_of(shape), []
-    extra = [{"strategy": s, "precision": p, "checkpointing": ck} for s, p, ck in
-             (("fsdp", "bf16-mixed", True), ("ddp", "bf16-mixed", False),
-              ("zero2", "bf16-mixed", True), ("zero1", "fp32", False))]
-    for config in [run["config"] for run in runs.values()] + extra:
-        if config in seen:
-            continue
-        seen.append(config)
-        p = plan(model=shape, gpus=gpus, precision=config["precision"],
-                 checkpointing=config["checkpointing"], strategies=(config["strategy"],),
-                 reduce_dtype=reduce_dtype_of(config["precision"]))
-        cases.append((f"the planner, the job's model on {gpus} GPUs", config, big, gpus,
-                      p.strategies[config["strategy"]].sent_bytes_per_step))
-    return cases
+def _ring(d) -> bool:
+    return all(abs(m * (c["world_size"] - 1) / c["world_size"] / w - 1) < 1e-6
+               for c, m, w in pairs(d, "bytes") if c["world_size"] > 1 and w)
 
 
-def _number(got) -> bool:
-    return isinstance(got, (int, float)) and not isinstance(got, bool) and math.isfinite(got)
+HINTS = [
+    Hint(lambda d: d.raised is not None, "config is {{strategy, precision, checkpointing}}, "
+         "units {{name: elements}}, world_size N; return the bytes one rank sends in a step"),
+    Hint(lambda d: not number(d.mine), "return the number of bytes (an int or a float)"),
+    Hint(lambda d: constant_ratio(d, "bytes") == 8, "every answer is 8x the reference's: bits; "
+         "the ledger counts bytes"),
+    Hint(_ring, "yours is N/(N−1) times the reference's: the (N−1)/N is missing: one rank "
+         "sends (N−1)/N of each payload (2(N−1)/N in an all-reduce)"),
+    *[Hint(lambda d, a=a: same_as_at(d, "bytes", a), lambda d, a=a: "your {0} bytes are the "
+           "reference's {1}: ".format(*same_as_at(d, "bytes", a)) + AXIS[a]) for a in GROUP],
+    Hint(lambda d: right_only_with(d, "checkpointing", lambda v: not v),
+         f"right without checkpointing only: {AXIS['checkpointing']}"),
+    Hint(_fit_words, _fit_words),
+]
+
+CHECK = Check("task 4: your bytes_per_step", lambda fn, c, r: r.see("bytes", fn(
+    {k: c[k] for k in GROUP}, dict(UNITS[c["units"]]), c["world_size"])), [], ("bytes",),
+    tolerance={"bytes": 1e-6}, hints=HINTS, words={"bytes": "the bytes of one step"},
+    agreed="the reference's bytes per step for every strategy, precision and checkpointing")
 
 
-def _near(got, want) -> bool:
-    return _number(got) and math.isclose(got, want, rel_tol=TOL)
+def configs(own: list = ()) -> list[Config]:
+    return [Config(strategy=s, precision=p, checkpointing=ck, world_size=n, units=u)
+            for n in (1, 2, 3, 8, 64) for u in KINDS for s in STRATEGIES for p in PRECISIONS
+            for ck in (False, True)] + list(own)
+
+
+def _own(runs: dict, n: int, shape, gpus: int) -> list[tuple[str, Config, float]]:
+    """(where, configuration, the bytes it sends): each run's ledger, the planner's at scale."""
+    small, job = (_named(who, units_of(s)) for who, s in (
+        ("the stand-in's", ModelShape.from_gpt(JOB_GPT)), ("the job's", shape)))
+    big = FitBudget("job", shape, gpus, 80, 1, 0.1)
+    configs = {describe(r["config"]): r["config"] for r in runs.values()}
+    return [(f"the stand-in's ledger, {k} on {n} ranks", Config(
+        **{g: r["config"][g] for g in GROUP}, world_size=n, units=small), r["sent_bytes"])
+        for k, r in runs.items()] + [(f"the planner, the job's model on {gpus} GPUs", Config(
+            **c, world_size=gpus, units=job), planned(big, c).sent_bytes_per_step)
+            for c in configs.values()]
+
+
+def _named(who: str, units: dict) -> str:
+    """A name for ``units`` that says what they are (a configuration is known by its words)."""
+    name = f"{who} ({len(units)} units, Ψ = {sum(units.values()):,})"
+    UNITS[name] = units
+    return name
+
+
+def _reference():
+    return load_solution("11_bytes_per_step", "bytes_per_step")
+
+
+JUDGES = {"11_bytes_per_step": lambda answers: CHECK.judge_many(answers, _reference(), configs())}
 
 
 @verdict_of_check
 def check_bytes_per_step(fn, runs: dict, world_size: int, shape: ModelShape | None = None,
                          gpus: int | None = None) -> CheckResult:
-    """Check ``fn(config, units, world_size)`` against each run's ledger (``runs`` from
-    :func:`run_job_configs`) and against the planner for the job's model on its GPUs (default:
-    the job's); a set of answers a known slip gives is named."""
-    result = CheckResult("task 4: your bytes_per_step")
+    """Check ``fn(config, units, world_size)`` beside the reference (:func:`configs`, then each
+    run of ``runs`` and the job's model on its GPUs); then against each run's ledger and the
+    planner (``shape``, ``gpus``: the job's by default)."""
+    result = CheckResult(CHECK.what)
     if not_written_yet(fn):
         result.facts["verdict"] = "bytes_per_step is not written yet"
         return result.wrong("bytes_per_step is not written yet: write its body in the cell "
                             "above", hint="sum, over the step's collectives, (N−1)/N × payload "
                             "(2(N−1)/N for an all-reduce)").finish()
-    cases = job_cases(runs, world_size, shape or JOB_BUDGET.shape, gpus or JOB_BUDGET.gpus)
-    answers = []
-    for what, config, units, n, want in cases:
-        try:
-            got = fn(dict(config), dict(units), n)
-        except Exception as e:  # noqa: BLE001  (the learner's code: any error is a ✘ line)
-            result.facts["verdict"] = f"bytes_per_step raised {type(e).__name__}"
-            return result.wrong(f"bytes_per_step({describe(config)}, ..., {n}) raised "
-                                f"{type(e).__name__}: {e}").finish()
-        answers.append(got)
-        result.check(_near(got, want), f"{what}: {describe(config)}: {want:,.0f} B per step",
-                     f"{what}: {describe(config)}: you say {got:,.0f} B, it sends {want:,.0f} B "
-                     f"(yours is x{got / want:.3f})" if _number(got) else
-                     f"{what}: {describe(config)}: you returned {got!r}, not a number of bytes")
-    result.facts["verdict"] = (f"the bytes per step of all {len(cases)} runs and plans, the "
-                               f"ledger's and the planner's")
-    if not result.passed:
-        result.facts["verdict"] = "wrong bytes per step for some configurations"
-        for mistake, (words, hint) in MISTAKES.items():
-            if all(_near(got, bytes_model(config, units, n, mistake))
-                   for got, (_, config, units, n, _) in zip(answers, cases)):
-                result.wrong(words, hint=hint)
-                result.facts["verdict"] = words
-                break
+    own = _own(runs, world_size, shape or JOB_BUDGET.shape, gpus or JOB_BUDGET.gpus)
+    CHECK(fn, _reference(), result, configs=configs([c for _, c, _ in own]))
+    for where, c, truth in own if result.passed else ():
+        got = result.facts["records"][c][0].get("bytes")
+        result.check(abs(got / truth - 1) <= 1e-3, f"{where}: {describe(c)}: {truth:,.0f} B per "
+                     f"step", f"{where}: {describe(c)}: you say {got:,.0f} B, it sends "
+                     f"{truth:,.0f} B (x{got / truth:.4f})")
+    wrong = [msg for ok, msg, _ in result.lines if not ok]
+    result.facts["verdict"] = wrong[0] if wrong else (f"the bytes per step of all "
+                                                      f"{len(result.facts['records'])} "
+                                                      f"configurations, the ledger's and the "
+                                                      f"planner's")
     return result.finish()
