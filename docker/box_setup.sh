@@ -3,18 +3,26 @@
 # runs `setup` through sudo; docker/workshop.sh runs `add-key` and `check` over ssh).
 #
 #   box_setup.sh setup      the attendee login, the cluster user's home closed, the credentials
-#                           SkyPilot copied deleted, the metadata service closed to containers,
-#                           the power-off at the deadline; one line for each
+#                           SkyPilot copied deleted, the metadata service and the box's own ports
+#                           closed to containers, the power-off at the deadline; one line for each
 #   box_setup.sh add-key    public keys on stdin (one a line, e.g. < team1.pub): each may only
 #                           forward one port to JupyterLab, as the user attendee
 #   box_setup.sh check      what `setup` ensures, one line each; exit status 1 if any is wrong
 #
 # The attendees' login is the user `attendee`: no password, the shell nologin, in no group but
 # its own (never docker, which is root on the box, nor sudo), and each of its keys limited by
-# sshd's authorized_keys options to `ssh -N -L 8888:localhost:8888 attendee@<box>`: port
-# forwarding to 127.0.0.1:8888 only, no shell, no command, no terminal, no agent or X11. The
-# cluster user (the one SkyPilot logs in as, whose home holds SkyPilot's key for all your
-# clusters) keeps its home to itself (mode 0700).
+# sshd's authorized_keys options to `ssh -N -L 8888:localhost:8888 attendee@<box>`: local
+# forwarding to 127.0.0.1:8888 only, no remote forwarding (-R), no shell, no command, no
+# terminal, no agent or X11. The cluster user (the one SkyPilot logs in as, with sudo and docker)
+# keeps its home to itself (mode 0700): the credentials SkyPilot copied there, its cluster key
+# included, are deleted below, but the home still holds SkyPilot's runtime and the jobs' logs
+# (~/.sky, ~/sky_logs: JupyterLab's log, with the team's token in its URLs), the synced
+# repository and whatever you copy there.
+#
+# The containers (JupyterLab, where an attendee runs any code) are kept off the box itself: the
+# clouds' metadata service (an IAM role on AWS) and every new connection from a container to the
+# box's own addresses (sshd, SkyPilot's Ray on 6380 and 10001, ...) are refused by iptables; the
+# replies to the box's own connections (JupyterLab's published port) pass.
 #
 # CLUSTER_USER  the user SkyPilot runs as (default: the user who ran sudo, $SUDO_USER)
 # BOX_HOURS     hours from now to the box powering itself off (`shutdown -h`), a safety net
@@ -28,6 +36,14 @@ set -euo pipefail
 ATTENDEE=attendee
 METADATA_V4=169.254.169.254/32  # the clouds' instance metadata service (AWS, Google, Azure...)
 METADATA_V6=fd00:ec2::254/128   # AWS's, on IPv6
+# Docker's networks on the box: the default bridge (docker/sky.yaml's container) and compose's
+# (br-<id>); from them, only replies to the box's own connections reach the box.
+CONTAINER_IFACES="docker0 br-+"
+HOST_RULE="-m conntrack ! --ctstate ESTABLISHED,RELATED -j REJECT"
+# Note: the only remote forward (-R) these options permit is port 1 of the loopback, which no user
+# but root can open: none. OpenSSH has no permitlisten="none" in authorized_keys (sshd refuses
+# the whole key: "bad key options: invalid permission port"); permitlisten needs OpenSSH >= 7.8.
+LISTEN_NONE="127.0.0.1:1"
 PRIVILEGED_GROUPS="sudo admin wheel docker adm lxd root disk shadow"
 # What SkyPilot may copy into the cluster user's home (its credential file mounts, per cloud, and
 # the key it uses for the cluster's nodes), relative to that home.
@@ -68,8 +84,8 @@ groups_of() {  # the supplementary groups that list the user, space-separated
 }
 keys_file() { echo "$root$(passwd_field "$ATTENDEE" 6)/.ssh/authorized_keys"; }
 key_options() {
-    printf 'restrict,port-forwarding,permitopen="localhost:%s",permitopen="127.0.0.1:%s",command="%s"' \
-        "$lab_port" "$lab_port" "$nologin"
+    printf 'restrict,port-forwarding,permitopen="localhost:%s",permitopen="127.0.0.1:%s",permitlisten="%s",command="%s"' \
+        "$lab_port" "$lab_port" "$LISTEN_NONE" "$nologin"
 }
 
 need_root() {
@@ -131,7 +147,7 @@ make_attendee() {
     local bad
     bad=$(privileged_groups_of "$ATTENDEE")
     [ -z "$bad" ] || die "$ATTENDEE is still in the groups $bad"
-    say "login $ATTENDEE: shell $nologin, groups: none but its own; keys may only forward to 127.0.0.1:$lab_port"
+    say "login $ATTENDEE: shell $nologin, groups: none but its own; keys may only forward to 127.0.0.1:$lab_port, never from the box (-R)"
 }
 
 privileged_groups_of() {
@@ -142,18 +158,38 @@ privileged_groups_of() {
     echo "${found# }"
 }
 
-close_metadata() {
+has_ipv6() { ip6tables -n -L DOCKER-USER >/dev/null 2>&1; }  # Docker with IPv6 rules
+
+host_rules() {  # tool, action (-C to check, -I to add) for each of Docker's networks
+    local tool="$1" action="$2" ifc
+    for ifc in $CONTAINER_IFACES; do
+        # shellcheck disable=SC2086  # HOST_RULE is words
+        "$tool" "$action" INPUT -i "$ifc" $HOST_RULE 2>/dev/null || return 1
+    done
+}
+
+close_to_containers() {  # the metadata service (DOCKER-USER: forwarded) and the box (INPUT)
     if ! iptables -n -L DOCKER-USER >/dev/null 2>&1; then
         die "no iptables chain DOCKER-USER: is Docker running? (sudo systemctl start docker, then launch again); the containers could reach the metadata service"
     fi
     iptables -C DOCKER-USER -d "$METADATA_V4" -j REJECT 2>/dev/null ||
         iptables -I DOCKER-USER -d "$METADATA_V4" -j REJECT
-    # Note: IPv6 where Docker has it; an error there is not one of ours.
-    if ip6tables -n -L DOCKER-USER >/dev/null 2>&1; then
+    local ifc
+    for ifc in $CONTAINER_IFACES; do
+        # shellcheck disable=SC2086  # HOST_RULE is words
+        iptables -C INPUT -i "$ifc" $HOST_RULE 2>/dev/null || iptables -I INPUT -i "$ifc" $HOST_RULE
+    done
+    local v6=""
+    if has_ipv6; then
         ip6tables -C DOCKER-USER -d "$METADATA_V6" -j REJECT 2>/dev/null ||
-            ip6tables -I DOCKER-USER -d "$METADATA_V6" -j REJECT || true
+            ip6tables -I DOCKER-USER -d "$METADATA_V6" -j REJECT
+        for ifc in $CONTAINER_IFACES; do
+            # shellcheck disable=SC2086  # HOST_RULE is words
+            ip6tables -C INPUT -i "$ifc" $HOST_RULE 2>/dev/null || ip6tables -I INPUT -i "$ifc" $HOST_RULE
+        done
+        v6=" and ${METADATA_V6%/128}"
     fi
-    say "metadata service ${METADATA_V4%/32} closed to containers (iptables DOCKER-USER)"
+    say "closed to containers (iptables${v6:+, ip6tables}): the metadata service ${METADATA_V4%/32}$v6, and new connections to the box itself ($CONTAINER_IFACES)"
 }
 
 schedule_power_off() {
@@ -178,7 +214,7 @@ setup() {
     make_attendee
     close_home "$user"
     remove_credentials "$user"
-    close_metadata
+    close_to_containers
     schedule_power_off
 }
 
@@ -208,7 +244,10 @@ add_key() {
             "" | *[!A-Za-z0-9+/=]*) rm -f "$tmp"; die "line $n: the key's base64 part is malformed" ;;
         esac
         seen=$((seen + 1))
-        if grep -qF " $kind $blob" "$tmp"; then continue; fi
+        if grep -qF "$options $kind $blob" "$tmp"; then continue; fi
+        # Note: the same key with other (older) options is written again with these.
+        grep -vF " $kind $blob" "$tmp" >"$tmp.keep" || true
+        mv "$tmp.keep" "$tmp"
         printf '%s %s %s%s\n' "$options" "$kind" "$blob" "${comment:+ $comment}" >>"$tmp"
         added=$((added + 1))
     done
@@ -267,9 +306,24 @@ check() {
         say "FAIL $ATTENDEE has $unrestricted key(s) without the tunnel-only options"; bad=1
     fi
     if iptables -C DOCKER-USER -d "$METADATA_V4" -j REJECT 2>/dev/null; then
-        say "ok   the metadata service is closed to containers"
+        say "ok   the metadata service ${METADATA_V4%/32} is closed to containers"
     else
         say "FAIL the containers can reach the metadata service ${METADATA_V4%/32}"; bad=1
+    fi
+    if ! has_ipv6; then
+        say "ok   no IPv6 in Docker's rules (ip6tables has no DOCKER-USER): nothing more to close"
+    elif ip6tables -C DOCKER-USER -d "$METADATA_V6" -j REJECT 2>/dev/null; then
+        say "ok   the metadata service ${METADATA_V6%/128} (IPv6) is closed to containers"
+    else
+        say "FAIL the containers can reach the metadata service ${METADATA_V6%/128} (IPv6)"; bad=1
+    fi
+    local open=""
+    host_rules iptables -C || open="IPv4"
+    if has_ipv6 && ! host_rules ip6tables -C; then open="${open:+$open, }IPv6"; fi
+    if [ -z "$open" ]; then
+        say "ok   the containers cannot open connections to the box itself ($CONTAINER_IFACES)"
+    else
+        say "FAIL the containers can open connections to the box itself ($open: sshd, SkyPilot's Ray); run box_setup.sh setup"; bad=1
     fi
     exit "$bad"
 }

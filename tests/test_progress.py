@@ -2,9 +2,11 @@
 ``fsdp-mini progress`` shows each team's passes and where it is stuck, from two stand-in teams
 whose checks really ran."""
 
+import io
 import json
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -28,6 +30,8 @@ def kernel(monkeypatch):
     monkeypatch.delenv("FSDP_MINI_SOLUTIONS", raising=False)
     monkeypatch.setenv("FSDP_MINI_PROGRESS", "1")
     monkeypatch.setenv("USER", "ada")
+    monkeypatch.delenv("FSDP_MINI_ATTENDEE", raising=False)
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
 
 
 def run_in(folder, monkeypatch, *answers):
@@ -89,3 +93,93 @@ def test_a_team_without_progress_is_named(tmp_path):
     done = subprocess.run([sys.executable, "-m", "fsdp_mini.jobs.cli", "progress",
                            str(tmp_path / "team3")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "team3: no .fsdp-mini-progress.jsonl there" in done.stderr
+
+
+@pytest.fixture
+def cli(capsys):
+    """fsdp-mini progress in this process (the subprocess is test_two_teams_one_page's)."""
+    from fsdp_mini.jobs.cli import main
+
+    def run(*args):
+        capsys.readouterr()
+        code = main(["progress", *map(str, args)])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+    return run
+
+
+def test_two_attendees_of_a_team_are_told_apart(kernel, monkeypatch, tmp_path):
+    """In the workshop's container everyone is `learner`: the notebook JupyterLab names
+    (JPY_SESSION_NAME) and the attendee's own FSDP_MINI_ATTENDEE tell them apart."""
+    monkeypatch.setenv("USER", "learner")
+    monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "01_memory.ipynb"))
+    run_in(tmp_path, monkeypatch, no_state)
+    monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "01_memory-Copy1.ipynb"))
+    run_in(tmp_path, monkeypatch, right)
+    monkeypatch.setenv("FSDP_MINI_ATTENDEE", "ada")
+    monkeypatch.delenv("JPY_SESSION_NAME")
+    run_in(tmp_path, monkeypatch, no_state)
+    users = [json.loads(s)["user"] for s in (tmp_path / PROGRESS_FILE).read_text().splitlines()]
+    assert users == ["learner (01_memory.ipynb)", "learner (01_memory-Copy1.ipynb)", "ada"]
+    text = progress_text({"team1": read_progress(tmp_path)})
+    assert "team1: 1 check(s) passed, 2 stuck" in text, text
+    assert "(learner (01_memory.ipynb))" in text and "(ada)" in text
+
+
+def _tar(path, files):
+    with tarfile.open(path, "w") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_the_collected_work_tar_is_read_in_place(kernel, monkeypatch, tmp_path, cli):
+    work = tmp_path / "work"
+    work.mkdir()
+    run_in(work, monkeypatch, no_state, right)
+    _tar(tmp_path / "team1-work.tar", {"./00_setup.ipynb": "{}",
+                                       f"./{PROGRESS_FILE}": (work / PROGRESS_FILE).read_text()})
+    assert len(read_progress(tmp_path / "team1-work.tar")) == 2
+    done = cli(tmp_path / "team1-work.tar")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("team1: 1 check(s) passed, 0 stuck"), done.stdout
+
+
+def test_a_folder_reads_its_subfolders_too(kernel, monkeypatch, tmp_path):
+    (tmp_path / "team1" / "mine").mkdir(parents=True)
+    run_in(tmp_path / "team1", monkeypatch, no_state)
+    run_in(tmp_path / "team1" / "mine", monkeypatch, right)
+    assert len(read_progress(tmp_path / "team1")) == 2
+
+
+def test_no_progress_there_is_said_and_the_exit_status_is_not_zero(kernel, monkeypatch, tmp_path,
+                                                                   cli):
+    """A tar, a folder or a file without a verdict was "0 passed ... never" and exit status 0."""
+    _tar(tmp_path / "team1-work.tar", {"./00_setup.ipynb": "{}"})
+    (tmp_path / "team2").mkdir()
+    (tmp_path / "team2" / "00_setup.ipynb").write_text("{}")
+    (tmp_path / "notes.txt").write_text("not a progress file\n")
+    (tmp_path / "tar-as-progress").mkdir()
+    _tar(tmp_path / "tar-as-progress" / PROGRESS_FILE, {"./x": "y"})
+    for where, says in ((tmp_path / "team1-work.tar", f"a tar with no {PROGRESS_FILE} in it"),
+                        (tmp_path / "team2", f"no {PROGRESS_FILE} there, nor in its subfolders"),
+                        (tmp_path / "notes.txt", "no check's verdict in it"),
+                        (tmp_path / "tar-as-progress", "no check's verdict in it")):
+        done = cli(where)
+        assert done.returncode == 2 and says in done.stderr, (where, done.stderr)
+        assert "never" not in done.stdout and "0 check(s) passed" not in done.stdout, done.stdout
+    # One team without progress among others: the others are shown, the exit status says it.
+    (tmp_path / "team3").mkdir()
+    run_in(tmp_path / "team3", monkeypatch, right)
+    done = cli(tmp_path / "team3", tmp_path / "team2")
+    assert done.returncode == 2 and "team3: 1 check(s) passed" in done.stdout
+    assert f"no progress read from {tmp_path / 'team2'}" in done.stderr
+
+
+def test_an_empty_progress_file_is_a_team_that_has_not_checked_yet(tmp_path, cli):
+    (tmp_path / "team4").mkdir()
+    (tmp_path / "team4" / PROGRESS_FILE).write_text("")
+    done = cli(tmp_path / "team4")
+    assert done.returncode == 0 and "team4: 0 check(s) passed, 0 stuck, last check never" in done.stdout

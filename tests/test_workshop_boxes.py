@@ -20,10 +20,14 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import pwd
 import shutil
+import socket
 import stat
 import subprocess
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -156,13 +160,40 @@ true
     assert (home / "notes.txt").exists() and (home / ".ssh" / "authorized_keys").exists()
     calls = (box / "calls").read_text().splitlines()
     assert "iptables -I DOCKER-USER -d 169.254.169.254/32 -j REJECT" in calls
+    assert "ip6tables -I DOCKER-USER -d fd00:ec2::254/128 -j REJECT" in calls
+    for tool in ("iptables", "ip6tables"):
+        for ifc in ("docker0", "br-+"):
+            # The containers' new connections to the box itself (sshd, Ray's 6380 and 10001):
+            # refused; the replies to the box's own connections (the published port) pass.
+            assert (f"{tool} -I INPUT -i {ifc} -m conntrack ! --ctstate ESTABLISHED,RELATED "
+                    "-j REJECT") in calls, (tool, ifc)
     assert "shutdown -h +300 fsdp-mini workshop box: its deadline (BOX_HOURS=5)" in calls
     # Run again (a relaunch): the same state, no rule added twice.
     assert _setup(box, "setup", BOX_HOURS="5").returncode == 0
     assert (box / "rules.iptables").read_text().count("169.254.169.254") == 1
+    assert (box / "rules.iptables").read_text().count("-i docker0 ") == 1
     check = _setup(box, "check")
     assert check.returncode == 0, check.stdout + check.stderr
-    assert check.stdout.count("box_setup: ok ") == 6, check.stdout
+    assert check.stdout.count("box_setup: ok ") == 8, check.stdout
+    assert "ok   the metadata service fd00:ec2::254 (IPv6) is closed to containers" in check.stdout
+    assert "ok   the containers cannot open connections to the box itself" in check.stdout
+
+
+def test_check_fails_when_a_rule_is_missing(box):
+    """Each of the rules is checked: the IPv6 metadata rule and the box's own ports too."""
+    assert _setup(box, "setup").returncode == 0
+    for tool, gone, message in (
+            ("ip6tables", "fd00:ec2::254", "can reach the metadata service fd00:ec2::254 (IPv6)"),
+            ("iptables", "-i br-+", "can open connections to the box itself (IPv4"),
+            ("ip6tables", "-i docker0", "can open connections to the box itself (IPv6")):
+        rules = box / f"rules.{tool}"
+        kept = rules.read_text()
+        rules.write_text("".join(line + "\n" for line in kept.splitlines() if gone not in line))
+        check = _setup(box, "check")
+        assert check.returncode == 1 and f"FAIL the containers {message}" in check.stdout, \
+            (tool, gone, check.stdout)
+        rules.write_text(kept)
+    assert _setup(box, "check").returncode == 0
 
 
 def test_before_the_setup_the_same_box_is_open(box):
@@ -175,7 +206,9 @@ def test_before_the_setup_the_same_box_is_open(box):
     check = _setup(box, "check")
     assert check.returncode == 1
     for failed in ("shell is /bin/bash", "home of ubuntu is open", "credentials on the box",
-                   "can reach the metadata service"):
+                   "can reach the metadata service 169.254.169.254",
+                   "can reach the metadata service fd00:ec2::254 (IPv6)",
+                   "can open connections to the box itself (IPv4, IPv6"):
         assert failed in check.stdout, (failed, check.stdout)
 
 
@@ -191,7 +224,7 @@ def test_attendee_keys_only_forward_the_lab_port(box, tmp_path):
     assert "0 added, 2 in all" in again.stdout, "the same keys twice are kept once"
     written = (box / "home" / "attendee" / ".ssh" / "authorized_keys").read_text().splitlines()
     options = ('restrict,port-forwarding,permitopen="localhost:8888",permitopen="127.0.0.1:8888",'
-               'command="')
+               'permitlisten="127.0.0.1:1",command="')
     assert len(written) == 2 and all(line.startswith(options) for line in written), written
     assert written[0].endswith(" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGZ1bGx5LXNoYXJkZWQ ada@laptop")
     ssh_dir = box / "home" / "attendee" / ".ssh"
@@ -203,6 +236,131 @@ def test_attendee_keys_only_forward_the_lab_port(box, tmp_path):
         assert done.returncode == 2 and message in done.stderr, (bad, done.stderr)
         assert len(done.stderr.splitlines()) == 1
     assert len((ssh_dir / "authorized_keys").read_text().splitlines()) == 2, "nothing written"
+
+
+def test_a_key_written_with_older_options_is_written_again(box):
+    assert _setup(box, "setup").returncode == 0
+    keys = box / "home" / "attendee" / ".ssh" / "authorized_keys"
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGZ1bGx5LXNoYXJkZWQ ada@laptop"
+    keys.write_text(f'restrict,port-forwarding,permitopen="localhost:8888" {key}\n')
+    assert "FAIL attendee has 1 key(s) without the tunnel-only options" in _setup(box, "check").stdout
+    done = _setup(box, "add-key", stdin=key + "\n")
+    assert done.returncode == 0 and "1 added, 1 in all" in done.stdout, done.stdout
+    assert 'permitlisten="127.0.0.1:1"' in keys.read_text() and keys.read_text().count(key) == 1
+    assert _setup(box, "check").returncode == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(port: int, answer: bytes) -> socket.socket:
+    """A stand-in server on 127.0.0.1:port that writes ``answer`` to whoever connects."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", port))
+    server.listen(8)
+
+    def loop():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(answer)
+    threading.Thread(target=loop, daemon=True).start()
+    return server
+
+
+def _read_through(port: int, deadline: float) -> bytes | None:
+    """What a connection to 127.0.0.1:port reads (b"" when the far end closes it at once); None
+    while nothing listens there yet."""
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+                conn.settimeout(5)
+                try:
+                    return conn.recv(100)
+                except (ConnectionResetError, socket.timeout):
+                    return b""
+        except OSError:
+            time.sleep(0.2)
+    return None
+
+
+def test_a_real_sshd_lets_the_key_forward_the_lab_port_and_nothing_else(box, tmp_path):
+    """The line box_setup.sh writes, under OpenSSH's own sshd, for a user other than root (the
+    attendee's keys, on the machine's user nobody: sshd knows only the machine's own users): -L
+    to the lab port works; -L to another port, -R (any port) and a command are refused."""
+    sshd = shutil.which("sshd") or next((p for p in ("/usr/sbin/sshd",) if os.path.exists(p)), None)
+    if sshd is None or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+        pytest.skip("OpenSSH's sshd, ssh and ssh-keygen are not installed (apt-get install openssh-server)")
+    try:
+        pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user nobody on this machine")
+    lab, other, port = _free_port(), _free_port(), _free_port()
+    servers = [_serve(lab, b"jupyterlab\n"), _serve(other, b"another service\n")]
+    for name in ("user", "host"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / name)],
+                       check=True, timeout=60)
+    assert _setup(box, "setup", LAB_PORT=str(lab)).returncode == 0
+    added = _setup(box, "add-key", stdin=(tmp_path / "user.pub").read_text(), LAB_PORT=str(lab))
+    assert added.returncode == 0, added.stderr
+    keys = box / "home" / "attendee" / ".ssh" / "authorized_keys"
+    (tmp_path / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp_path / 'host'}\n"
+        f"AuthorizedKeysFile {keys}\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n"
+        f"KbdInteractiveAuthentication no\nAllowUsers nobody\nPidFile {tmp_path / 'sshd.pid'}\n")
+    privsep = Path("/run/sshd")  # Note: sshd's privilege separation folder, as its package makes it
+    made = not privsep.exists()
+    privsep.mkdir(mode=0o755, parents=True, exist_ok=True)
+    ssh = ["ssh", "-F", "/dev/null", "-i", str(tmp_path / "user"), "-p", str(port), "-o",
+           "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o",
+           "UserKnownHostsFile=/dev/null", "-o", "ExitOnForwardFailure=yes", "-o", "LogLevel=ERROR"]
+    daemon = subprocess.Popen([sshd, "-D", "-e", "-f", str(tmp_path / "sshd_config")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    tunnels = []
+    try:
+        deadline = time.monotonic() + 30
+        while _read_through(port, time.monotonic() + 1) is None:
+            assert time.monotonic() < deadline and daemon.poll() is None, "sshd did not start"
+        # -L to the lab port: the handout's line, through sshd.
+        local = _free_port()
+        tunnels.append(subprocess.Popen([*ssh, "-N", "-L", f"{local}:localhost:{lab}", "nobody@127.0.0.1"],
+                                        stderr=subprocess.PIPE))
+        assert _read_through(local, time.monotonic() + 30) == b"jupyterlab\n"
+        # -L to any other port: the channel is refused, the connection closed with nothing read.
+        elsewhere = _free_port()
+        tunnels.append(subprocess.Popen([*ssh, "-N", "-L", f"{elsewhere}:localhost:{other}",
+                                         "nobody@127.0.0.1"], stderr=subprocess.PIPE))
+        assert _read_through(elsewhere, time.monotonic() + 30) == b""
+        # -R, on a free port and on port 1 (the one permitlisten names): refused.
+        for listen in (f"127.0.0.1:{_free_port()}", "127.0.0.1:1", str(_free_port())):
+            try:
+                done = subprocess.run([*ssh, "-N", "-R", f"{listen}:127.0.0.1:{lab}",
+                                       "nobody@127.0.0.1"], capture_output=True, text=True, timeout=20)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"-R {listen} was accepted: the tunnel stayed open")
+            assert done.returncode == 255 and "remote port forwarding failed" in done.stderr, \
+                (listen, done.returncode, done.stderr)
+        # A command (or a shell): the forced nologin.
+        done = subprocess.run([*ssh, "nobody@127.0.0.1", "id"], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 1 and "This account is currently not available." in done.stdout, done
+    finally:
+        for proc in tunnels:
+            proc.terminate()
+            proc.wait(timeout=30)
+        daemon.terminate()
+        daemon.wait(timeout=30)
+        for server in servers:
+            server.close()
+        if made:
+            shutil.rmtree(privsep, ignore_errors=True)
 
 
 @pytest.mark.parametrize("env, message", [
@@ -342,7 +500,8 @@ def synced_files(root: Path) -> set[str]:
 SECRETS = ("tokens.txt", "docker/tokens.txt", "slides/tokens.txt", "teams.txt", "team1.pub",
            "keys/team1.pub", ".fsdp-mini-workshop/tokens/team1", ".fsdp-mini-workshop/teams",
            "tokens/team1", "team1.token", "handouts/team1.md", "collected/team1-work.tar",
-           "team1-reports.tar", "docker/team2-work.tar", "build/labs/05.html",
+           "team1-reports.tar", "docker/team2-work.tar", "team1-work-20261203T104107Z.tar",
+           "slides/team2-reports-20261203T104107Z-2.tar", "build/labs/05.html",
            ".venv/bin/python", "slides/node_modules/x/index.js", "fsdp_mini/__pycache__/a.pyc")
 KIT = ("docker/sky.yaml", "docker/box_setup.sh", "docker/Dockerfile", "docker/entrypoint.sh",
        "fsdp_mini/__init__.py", "labs/00_setup.ipynb", "benchmarks/gpu_check.sh",

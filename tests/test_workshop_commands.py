@@ -16,7 +16,9 @@ a box (what ``ssh BOX CMD`` runs) and the JupyterLab container on it (what ``doc
   command (``${VAR:?err}``, ``${VAR:-default}``, ...) as compose does, then ``up`` starts the
   image's real entrypoint with the service's environment;
 - ``sky launch`` refuses a task whose ``envs`` has a null that no ``--env`` fills, as SkyPilot
-  does; ``sky status --ip`` prints the box's address;
+  does; ``sky status --ip`` prints the box's address; ``sky cancel`` refuses to run without a job
+  id or ``--all``, as SkyPilot does; ``STANDIN_SKY_FAIL="launch:team1 down:team2"`` makes those
+  calls fail (a cloud out of GPUs, a deletion that fails);
 - the kit's commands (``fsdp-mini``, ``python``, ``jupyter``, ``bash`` in the container, ...)
   only record their arguments.
 
@@ -41,8 +43,9 @@ ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "slides" / "INSTRUCTOR.md"
 README = ROOT / "docker" / "README.md"
 WORKSHOP = ROOT / "docker" / "workshop.sh"
-BOXES = ("team1", "team2", "team3", "spare")
+BOXES = ("team1", "team2", "team3", "spare", "demo")
 ADDRESS = "203.0.113.7"  # TEST-NET-3: never a real box
+PROGRESS = ".fsdp-mini-progress.jsonl"
 REPORTS = ("assessment_report_ada-1a2b3c4d.json", "assessment_report_ada-1a2b3c4d.md")
 
 # The stand-in: one Python program for every tool, told which tool it is by its first argument.
@@ -55,7 +58,7 @@ world = Path(os.environ["STANDIN_WORLD"])
 side = os.environ.get("STANDIN_SIDE", "laptop")
 box = os.environ.get("STANDIN_BOX", "")
 ADDRESS = "203.0.113.7"
-BOXES = ("team1", "team2", "team3", "spare")
+BOXES = ("team1", "team2", "team3", "spare", "demo")
 WATCHED = ("JUPYTER_TOKEN", "SKYPILOT_PROJECT_CONFIG", "BOX_HOURS", "CLUSTER_USER")
 
 
@@ -108,7 +111,10 @@ def ssh():
     if name not in BOXES or (box_dir(name) / "deleted").exists():
         fail(255, f"Could not resolve hostname {host}: Name or service not known")
     if user == "attendee":
-        # Note: what box_setup.sh's key options allow: -N and -L to 127.0.0.1:8888, nothing else.
+        # Note: what box_setup.sh's key options allow: -N and -L to 127.0.0.1:8888, nothing else
+        # (tests/test_workshop_boxes.py checks the same options under a real sshd).
+        if any(a.startswith("-R") for a in argv[:i]):
+            fail(255, "Error: remote port forwarding failed for listen port")
         for fwd in forwards:
             if fwd.split(":", 1)[1] not in ("localhost:8888", "127.0.0.1:8888"):
                 fail(1, f"channel 2: open failed: administratively prohibited: open failed ({fwd})")
@@ -291,12 +297,28 @@ def docker():
 
 
 # ---------------------------------------------------------------- sky
+def failing(sub, names):
+    for spec in os.environ.get("STANDIN_SKY_FAIL", "").split():
+        what, _, name = spec.partition(":")
+        if what == sub and name in names:
+            fail(1, f"sky {sub}: {name}: failed (the stand-in's STANDIN_SKY_FAIL)")
+
+
 def sky():
     record()
     if not argv:
         fail(2, "Usage: sky [OPTIONS] COMMAND [ARGS]...")
     sub, args = argv[0], argv[1:]
+    if sub == "cancel":
+        names = [a for a in args if not a.startswith("-")]
+        if not names:
+            fail(2, "Usage: sky cancel [OPTIONS] CLUSTER [JOB_IDS]...")
+        if len(names) == 1 and not {"--all", "-a"} & set(args):
+            fail(1, "sky cancel requires either a job id (see `sky queue " + names[0] + " -s`) "
+                    "or the --all flag.")
+        sys.exit(0)
     if sub in ("launch", "exec"):
+        failing(sub, [args[args.index("-c") + 1]] if "-c" in args else args[:3])
         import yaml
         envs, positional, i = {}, [], 0
         valued = {"-c", "--cluster", "--env", "--gpus", "-i", "--idle-minutes-to-autostop", "--workdir",
@@ -333,10 +355,11 @@ def sky():
             print(ADDRESS)
         sys.exit(0)
     if sub == "down":
+        failing("down", args)
         for name in [a for a in args if not a.startswith("-")]:
             (box_dir(name) / "deleted").touch()
         sys.exit(0)
-    if sub in ("check", "show-gpus", "logs", "cancel", "autostop", "stop", "start", "queue"):
+    if sub in ("check", "show-gpus", "logs", "autostop", "stop", "start", "queue"):
         sys.exit(0)
     fail(2, f"No such command '{sub}'")
 
@@ -415,6 +438,9 @@ class World:
             volume = path / "boxes" / box / "volumes" / "fsdp-mini-work"
             volume.mkdir(parents=True)
             (volume / "00_setup.ipynb").write_text("{}")
+            # Note: what render-labs wrote (section 4, step 7), for the copy to the laptop.
+            (volume / "build" / "labs").mkdir(parents=True)
+            (volume / "build" / "labs" / "00_setup.html").write_text("<html></html>")
             learner = path / "boxes" / box / "container" / "home" / "learner"
             learner.mkdir(parents=True)
             (learner / "work").symlink_to(volume)
@@ -579,7 +605,8 @@ def test_the_guide_starts_boxes_and_hands_out_access_only_through_safe_commands(
         "attendees' keys go to the attendee login (docker/workshop.sh keys), never to SkyPilot's user"
     assert "ssh -N -L 8888:localhost:8888 attendee@<address>" in guide
     assert "sky autostop -i" not in guide, "an autostop that never fires (a running job is busy)"
-    for command in ("up", "keys", "handout", "check", "gpu-check", "status", "collect", "down"):
+    for command in ("up", "keys", "handout", "check", "gpu-check", "status", "progress", "restart",
+                    "collect", "down"):
         assert f"docker/workshop.sh {command}" in guide, command
 
 
@@ -698,7 +725,8 @@ def test_check_and_gpu_check_quote_their_remote_commands_for_the_box(world):
     assert sudo["argv"][1] != "CLUSTER_USER=$(id -un)", "expanded on the box, by its shell"
     assert sudo["argv"][2:] == ["bash", "sky_workdir/docker/box_setup.sh", "check"]
     (doctor,) = world.calls("fsdp-mini", "container:team1")
-    assert doctor["argv"] == ["doctor", "--url", "http://127.0.0.1:8888"]
+    # The box's GPUs: docker/sky.yaml's 4 (every choice there is :4) when `up` had no --gpus.
+    assert doctor["argv"] == ["doctor", "--gpus", "4", "--url", "http://127.0.0.1:8888"]
     world.clear()
     assert world.workshop("gpu-check", "team1").returncode == 0
     (run,) = [c for c in world.calls("docker", "host:team1")]
@@ -741,6 +769,165 @@ def test_status_says_whether_each_boxs_jupyterlab_answers(world):
     (curl,) = world.calls("curl", "host:team1")
     assert curl["argv"] == ["-s", "-o", "/dev/null", "-w", "%{http_code}",
                             "http://127.0.0.1:8888/api/status"]
+
+
+def test_collect_never_loses_a_good_copy_and_keeps_every_copy_dated(world):
+    """The spare-box procedure: collect team1, then down team1. A second copy that fails (here
+    the box no longer answers) leaves the first whole, and the box is not deleted."""
+    world.reports("team1")
+    assert world.workshop("collect", "team1").returncode == 0
+    out = world.workshop_dir / "collected"
+    work, reports = (out / "team1-work.tar").read_bytes(), (out / "team1-reports.tar").read_bytes()
+    (world.path / "boxes" / "team1" / "deleted").touch()  # Note: ssh cannot reach it any more
+    for args in (("collect", "team1"), ("down", "team1")):
+        world.clear()
+        done = world.workshop(*args)
+        assert done.returncode == 1, done.stdout
+        assert "the last good copy is kept: " + str(out / "team1-work.tar") in done.stdout, done.stdout
+        assert (out / "team1-work.tar").read_bytes() == work, "a failed copy replaced the good one"
+        assert (out / "team1-reports.tar").read_bytes() == reports
+        assert not [p.name for p in out.iterdir() if p.name.startswith(".")], "a temporary file left"
+    assert "team1: NOT deleted" in done.stdout and not world.calls("sky"), "deleted, work not copied"
+    with tarfile.open(out / "team1-reports.tar") as tar:
+        assert sorted(tar.getnames()) == sorted(REPORTS)
+    # The box back, with more work: a second copy, dated; the plain name is the latest.
+    (world.path / "boxes" / "team1" / "deleted").unlink()
+    (world.path / "boxes" / "team1" / "volumes" / "fsdp-mini-work" / "05_fsdp.ipynb").write_text("{}")
+    done = world.workshop("collect", "team1")
+    assert done.returncode == 0, done.stdout
+    dated = sorted(out.glob("team1-work-*.tar"))
+    assert len(dated) == 2 and all(re.fullmatch(r"team1-work-\d{8}T\d{6}Z(-\d+)?\.tar", p.name)
+                                   for p in dated), dated
+    assert {p.read_bytes() == work for p in dated} == {True, False}, "the first copy was not kept"
+    with tarfile.open(out / "team1-work.tar") as tar:
+        assert "./05_fsdp.ipynb" in tar.getnames()
+    assert len(list(out.glob("team1-reports-*.tar"))) == 2
+
+
+def test_up_goes_on_past_a_team_whose_launch_fails_and_names_it(world):
+    done = world.workshop("up", "--hours", "5", "team1", "team2", "spare",
+                          STANDIN_SKY_FAIL="launch:team1")
+    assert done.returncode == 1, done.stdout
+    launched = [c["argv"][4] for c in world.calls("sky", "laptop") if c["argv"][0] == "launch"]
+    assert launched == ["team1", "team2", "spare"], "up stopped at the first failure"
+    assert "team1: NOT launched (sky launch: exit status 1)" in done.stdout
+    assert done.stdout.splitlines()[-1] == "workshop: up: NOT launched: team1", done.stdout
+    listed = [line.split()[0] for line in (world.workshop_dir / "teams").read_text().splitlines()]
+    assert listed == ["team2", "spare"]
+
+
+def test_down_goes_on_past_a_team_whose_deletion_fails_and_names_the_teams_left_up(world):
+    assert world.workshop("up", "--hours", "5", "team1", "team2", "team3").returncode == 0
+    world.clear()
+    done = world.workshop("down", "team1", "team2", "team3", STANDIN_SKY_FAIL="down:team1")
+    assert done.returncode == 1, done.stdout
+    downs = [c["argv"] for c in world.calls("sky", "laptop")]
+    assert downs == [["down", "-y", t] for t in ("team1", "team2", "team3")], downs
+    assert "team2: deleted" in done.stdout and "team3: deleted" in done.stdout
+    assert "team1: NOT deleted (sky down: exit status 1)" in done.stdout
+    assert done.stdout.splitlines()[-1] == "workshop: down: left up, still billing: team1"
+    assert (world.workshop_dir / "collected" / "team2-work.tar").exists()
+    listed = [line.split()[0] for line in (world.workshop_dir / "teams").read_text().splitlines()]
+    assert listed == ["team1"], "the team list holds the boxes still up"
+
+
+def test_status_with_no_team_checks_every_team_of_the_list(world):
+    assert world.workshop("up", "--hours", "5", "team1", "team2", "spare").returncode == 0
+    world.clear()
+    done = world.workshop("status")
+    assert done.returncode == 0, done.stdout
+    assert [c["argv"] for c in world.calls("sky", "laptop")] == [["status"]]
+    assert sorted(c["side"] for c in world.calls("curl")) == ["host:spare", "host:team1", "host:team2"]
+    for team in ("team1", "team2", "spare"):
+        assert f"{team}: JupyterLab answers on the box" in done.stdout
+    (world.path / "boxes" / "team2" / "deleted").touch()
+    assert world.workshop("down", "--no-collect", "spare").returncode == 0
+    world.clear()
+    done = world.workshop("status")
+    assert done.returncode == 1 and "team2: JupyterLab does not answer" in done.stdout, done.stdout
+    assert sorted(c["side"] for c in world.calls("curl")) == ["host:team1"]
+
+
+def test_check_and_the_handout_take_the_boxs_gpu_count(world):
+    assert world.workshop("up", "--gpus", "A100:2", "team2").returncode == 0
+    assert world.workshop("up", "team1").returncode == 0
+    world.clear()
+    assert world.workshop("check", "team2", "team1").returncode == 0
+    doctors = {c["side"]: c["argv"] for c in world.calls("fsdp-mini")}
+    assert doctors["container:team2"][:3] == ["doctor", "--gpus", "2"]
+    assert doctors["container:team1"][:3] == ["doctor", "--gpus", "4"]
+    for team, gpus in (("team1", 4), ("team2", 2)):
+        assert world.workshop("handout", team).returncode == 0
+        text = (world.workshop_dir / "handouts" / f"{team}.md").read_text()
+        assert f"fsdp-mini doctor --gpus {gpus} --url http://localhost:8888" in text, team
+
+
+def test_the_handout_names_the_repository_to_clone(world):
+    assert world.workshop("up", "team1").returncode == 0
+    assert world.workshop("handout", "team1").returncode == 0
+    text = (world.workshop_dir / "handouts" / "team1.md").read_text()
+    assert "git clone https://github.com/fsdp-mini/fsdp-mini" in text  # pyproject's Repository
+    assert "<" not in re.sub(r"<!--.*?-->", "", text), "a placeholder left"
+    url = "https://git.example.org/workshop/fsdp-mini.git"
+    assert world.workshop("handout", "team1", FSDP_MINI_REPO=url).returncode == 0
+    assert f"git clone {url}" in (world.workshop_dir / "handouts" / "team1.md").read_text()
+    done = world.workshop("handout", "team1", FSDP_MINI_REPO="https://x.org/a|b")
+    assert done.returncode == 2 and "not a plain URL" in done.stderr
+
+
+def _verdict(check: str, passed: bool, user: str = "learner") -> str:
+    return json.dumps({"time": "2026-12-03T10:41:07+00:00", "user": user, "lab": "03",
+                       "check": check, "passed": passed, "said": "x"}) + "\n"
+
+
+def test_progress_copies_each_teams_verdicts_then_runs_fsdp_mini_progress(world):
+    volume = world.path / "boxes" / "team1" / "volumes" / "fsdp-mini-work"
+    (volume / PROGRESS).write_text(_verdict("check_ddp", False) + _verdict("check_ddp", True))
+    (volume / "mine").mkdir()
+    (volume / "mine" / PROGRESS).write_text(_verdict("check_buckets", False, "learner (mine/03.ipynb)"))
+    done = world.workshop("progress", "--html", "page.html", "team1", "team2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = world.workshop_dir / "progress"
+    got = (folder / "team1" / PROGRESS).read_text().splitlines()
+    assert len(got) == 3 and "check_buckets" in "".join(got), got
+    assert (folder / "team2" / PROGRESS).read_text() == ""
+    assert "team2: no check has run on its box yet" in done.stdout
+    (fsdp,) = world.calls("fsdp-mini", "laptop")
+    assert fsdp["argv"] == ["progress", str(folder / "team1"), str(folder / "team2"), "--html",
+                            "page.html"]
+    # A box that does not answer: its last copy is shown, and the exit status says so.
+    (world.path / "boxes" / "team1" / "deleted").touch()
+    world.clear()
+    done = world.workshop("progress", "team1")
+    assert done.returncode == 1 and "team1: its progress could not be read" in done.stdout
+    assert len((folder / "team1" / PROGRESS).read_text().splitlines()) == 3
+    (fsdp,) = world.calls("fsdp-mini", "laptop")
+    assert fsdp["argv"] == ["progress", str(folder / "team1")]
+
+
+def test_restart_cancels_every_job_and_starts_jupyterlab_again_with_the_teams_token(world):
+    assert world.bash("sky cancel team1").returncode == 1, "the stand-in refuses as SkyPilot does"
+    assert world.workshop("up", "team1").returncode == 0
+    token = (world.workshop_dir / "tokens" / "team1").read_text().strip()
+    world.clear()
+    done = world.workshop("restart", "team1")
+    assert done.returncode == 0, done.stderr
+    cancel, exec_ = world.calls("sky", "laptop")
+    assert cancel["argv"] == ["cancel", "-y", "--all", "team1"]
+    assert exec_["argv"] == ["exec", "-d", "team1", "docker/sky.yaml", "--env", "JUPYTER_TOKEN"]
+    assert exec_["env"]["JUPYTER_TOKEN"] == token and token not in " ".join(exec_["argv"])
+    assert exec_["env"]["SKYPILOT_PROJECT_CONFIG"] == str(ROOT / "docker" / "sky-config.yaml")
+
+
+def test_step_7_copies_the_rendered_labs_to_the_laptop(world):
+    """The demo box is deleted for the night (step 10): the pages must be on the laptop."""
+    (line,) = [ln.strip() for ln in GUIDE.read_text().splitlines() if "tar -c build/labs" in ln]
+    done = world.bash(line)
+    assert done.returncode == 0, done.stderr
+    assert (world.laptop / "build" / "labs" / "00_setup.html").read_text() == "<html></html>"
+    (ssh,) = world.calls("ssh", "laptop")
+    assert ssh["argv"][0] == "demo"
+    assert world.bash(f"ssh -N -R 9000:localhost:8888 attendee@{ADDRESS}").returncode == 255
 
 
 def test_the_scripts_pass_shellcheck():

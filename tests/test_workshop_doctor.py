@@ -180,3 +180,18 @@ def test_doctor_explains_itself_with_help():
     assert proc.returncode == 0 and proc.stdout.startswith("usage: fsdp-mini doctor"), proc.stderr
     for flag in ("--gpus", "--url", "--token"):
         assert flag in proc.stdout
+
+
+def test_the_doctor_is_split_by_concept_each_file_under_300_lines():
+    """The house rule (files under 300 lines): the command, its checks, what they read."""
+    from pathlib import Path
+    jobs = Path(doctor.__file__).parent
+    files = sorted(jobs.glob("doctor*.py"))
+    assert [f.name for f in files] == ["doctor.py", "doctor_checks.py", "doctor_probe.py"]
+    for f in files:
+        assert len(f.read_text(encoding="utf-8").splitlines()) < 300, f.name
+    checks = (jobs / "doctor_checks.py").read_text(encoding="utf-8")
+    for reads in ("import subprocess", "import socket", "urllib.request", "import shutil"):
+        assert reads not in checks, f"the checks read the machine only through the Probe: {reads}"
+    assert doctor.Probe.__module__ == "fsdp_mini.jobs.doctor_probe"
+    assert doctor.check_gpus.__module__ == "fsdp_mini.jobs.doctor_checks"

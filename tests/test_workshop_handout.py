@@ -19,7 +19,7 @@ def text() -> str:
 def test_it_fits_on_one_page_and_has_the_placeholders_workshop_sh_fills():
     lines = text().splitlines()
     assert len(lines) <= 80, len(lines)
-    for placeholder in ("<team>", "<address>", "<token>"):
+    for placeholder in ("<team>", "<address>", "<token>", "<gpus>", "<repository>"):
         assert placeholder in text(), placeholder
     assert "sed -e \"s|<team>|" in (ROOT / "docker" / "workshop.sh").read_text()
 
@@ -35,6 +35,63 @@ def test_the_check_is_fsdp_mini_doctor_with_flags_it_has():
     doctor = (ROOT / "fsdp_mini" / "jobs" / "doctor.py").read_text()
     for flag in re.findall(r"--[\w-]+", command):
         assert f'"{flag}"' in doctor, flag
+    assert "--gpus <gpus>" in command, "the box's GPU count, filled in by workshop.sh handout"
+
+
+def flat() -> str:
+    return " ".join(text().split())
+
+
+def test_it_says_the_box_of_the_day_before_is_gone_by_the_day():
+    """The boxes are deleted overnight and come back with a new address and host key."""
+    said = flat()
+    assert "the day before, and on the day" not in said
+    assert "deleted every night" in said and "nothing done there is kept" in said
+    assert "on the day you get a new page" in said and "host key" in said
+    assert "ssh-keygen -R <address>" in said
+
+
+def test_it_says_what_each_doctor_line_means_and_what_proves_the_tunnel():
+    said = flat()
+    doctor = (ROOT / "fsdp_mini" / "jobs" / "doctor_checks.py").read_text()
+    assert 'OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"' in doctor
+    for status in ("`ok`", "`skip`", "`warn`", "`FAIL`"):
+        assert status in said, status
+    assert "Every line must start `ok`" not in said
+    assert "`warn`: the labs run, but something is worth knowing" in said
+    assert "not your tunnel" in said and "JupyterLab opening there proves that your key, the " \
+        "tunnel and the token work" in said
+
+
+def test_the_take_home_labs_say_where_from_how_to_install_and_how_to_keep_the_work():
+    said = flat()
+    with open(ROOT / "slides" / "decks.toml", "rb") as f:
+        decks = tomllib.load(f)
+    in_deck = {s["lab"][:2] for s in decks["workshop-3h"]["sections"] if s.get("lab")}
+    home = sorted({n for n, _ in re.findall(r"^\| (\d\d) \| `(\d\d_\w+)` \|", text(), re.M)} - in_deck)
+    assert re.search(r"## \d\. Take it home \(" + " and ".join(home) + " in the 3-hour workshop", text()), home
+    assert "git clone <repository> fsdp-mini && cd fsdp-mini" in text()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    quick = re.search(r'^(pip install "torch==[^"]+" -e "\.\[dev\]")', readme, re.M)[1]
+    cpu = re.search(r'`(pip install "torch==[^"]+" --index-url https://download\.pytorch\.org/whl/cpu)`',
+                    readme)[1]
+    assert quick in text() and cpu in text(), (quick, cpu)
+    assert "jupyter lab labs/" in text()
+    assert "download your work" in said and "Download" in said and "Before the box is deleted" in said
+
+
+def test_the_download_line_packs_the_work_folder(tmp_path):
+    import subprocess
+    import tarfile
+    line = re.search(r"`(cd ~/work && tar -czf [^`]+)`", text())[1]
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "05_fsdp.ipynb").write_text("{}")
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(["sh", "-c", line], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(work / "my-work.tar.gz") as tar:
+        assert "./05_fsdp.ipynb" in tar.getnames()
 
 
 def test_the_labs_are_all_there_in_order_and_each_decks_hands_on_labs_named():

@@ -1,7 +1,7 @@
 """``fsdp-mini doctor``: what would stop the labs on this machine, one line each with its fix.
 
 An attendee runs it the day before, in a terminal of the workshop's JupyterLab (File > New >
-Terminal), and the instructor over ssh (``docker/workshop.sh check``)::
+Terminal), and the instructor over ssh (``docker/workshop.sh check``, with the box's GPUs)::
 
     fsdp-mini doctor                               # this machine: GPUs, NCCL, shm, memlock, ports
     fsdp-mini doctor --gpus 4                      # and the box has 4 GPUs, all seen by torch
@@ -11,309 +11,27 @@ Terminal), and the instructor over ssh (``docker/workshop.sh check``)::
 Each check prints one line: ``ok``, ``warn`` (the labs run, something is worth knowing),
 ``FAIL`` (what is wrong, then what to do) or ``skip`` (what cannot be checked here, and why: on a
 machine without GPUs, NCCL and the GPU count). Exit status 1 when any check failed, 0 otherwise;
-2 for bad arguments.
+2 for bad arguments. Run inside the box's container, ``--url`` reaches JupyterLab from the box
+itself: that the attendee's browser reached JupyterLab at all is what proves their tunnel.
 
-Everything it reads from the machine goes through :class:`Probe`, whose methods the tests
-replace: a GPU box, a missing GPU or a closed port are played on a CPU machine.
+Three files, one concept each: what it reads from the machine (:mod:`.doctor_probe`, whose
+:class:`Probe` the tests replace), the checks (:mod:`.doctor_checks`) and, here, the command.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import re
-import shutil
-import socket
-import subprocess
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 
-OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
-GIB = 1024**3
-# Note: below this, NCCL between the ranks of one machine hangs or fails (Docker's default
-# /dev/shm is 64 MiB); the compose cpu service asks for 2 GB, --ipc=host gives the host's.
-SHM_NEEDED = 1 * GIB
-# Note: lab 10's two-terminal torchrun demo and docker/multinode/torchrun.sh meet at 29400 (c10d
-# rendezvous, torchrun's default --rdzv-endpoint port); 29500 is torchrun's default master port.
-# fsdp_mini.launch and `torchrun --standalone` take a free port of their own.
-RENDEZVOUS_PORTS = (29400, 29500)
-KIT_TORCH_FLOOR = "2.8"  # pyproject.toml: torch>=2.8
+from .doctor_checks import (FAIL, GIB, KIT_TORCH_FLOOR, OK, RENDEZVOUS_PORTS, SHM_NEEDED, SKIP,
+                            WARN, Finding, check_gpus, check_jupyter, check_memlock, check_nccl,
+                            check_ports, check_shm, check_versions)
+from .doctor_probe import Probe
 
-
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    status: str  # ok, warn, FAIL, skip
-    what: str
-    message: str
-
-    def line(self) -> str:
-        return f"{self.status:<4} {self.what}: {self.message}"
-
-
-class Probe:
-    """What the checks read from the machine (the tests replace these methods)."""
-
-    def kit_version(self) -> str | None:
-        from importlib import metadata
-        try:
-            return metadata.version("fsdp_mini")
-        except metadata.PackageNotFoundError:
-            return None
-
-    def torch_version(self) -> str:
-        import torch
-        return torch.__version__
-
-    def torch_cuda(self) -> str | None:
-        """The CUDA version torch was built for (None: a CPU build)."""
-        import torch
-        return torch.version.cuda
-
-    def torch_gpus(self) -> list[str]:
-        """The GPUs torch sees (their names); [] when CUDA is not available."""
-        import torch
-        if not torch.cuda.is_available():
-            return []
-        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-
-    def nvidia_smi_gpus(self) -> list[str] | None:
-        """The GPUs ``nvidia-smi -L`` lists; None when there is no nvidia-smi."""
-        exe = shutil.which("nvidia-smi")
-        if exe is None:
-            return None
-        try:
-            out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return []
-        return [m[1] for m in re.finditer(r"^GPU \d+: (.+?)(?: \(UUID: [^)]*\))?$", out.stdout, re.M)]
-
-    def nccl(self) -> tuple[bool, str | None]:
-        """(torch.distributed has NCCL, NCCL's version)."""
-        import torch
-        import torch.distributed as dist
-        if not (dist.is_available() and dist.is_nccl_available()):
-            return False, None
-        try:
-            version = torch.cuda.nccl.version()
-        except Exception:  # Note: a build with NCCL whose library cannot load here
-            return True, None
-        return True, ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
-
-    def gloo(self) -> bool:
-        import torch.distributed as dist
-        return dist.is_available() and dist.is_gloo_available()
-
-    def shm_bytes(self) -> int | None:
-        try:
-            st = os.statvfs("/dev/shm")
-        except OSError:
-            return None
-        return st.f_blocks * st.f_frsize
-
-    def memlock(self) -> int | None:
-        """The soft memlock limit in bytes; None: unlimited."""
-        import resource
-        soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-        return None if soft == resource.RLIM_INFINITY else soft
-
-    def port_free(self, port: int) -> bool:
-        """Whether a server could listen on ``port`` (0: any free port) on 127.0.0.1."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                s.listen(1)
-            except OSError:
-                return False
-        return True
-
-    def http_status(self, url: str, token: str | None, timeout: float = 10.0) -> int | str:
-        """The HTTP status of GET url (a number), or why there was none (a sentence)."""
-        headers = {"Authorization": f"token {token}"} if token else {}
-        try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                        timeout=timeout) as r:
-                return r.status
-        except urllib.error.HTTPError as e:
-            return e.code
-        except urllib.error.URLError as e:
-            reason = e.reason
-            if isinstance(reason, ConnectionRefusedError):
-                return "connection refused"
-            if isinstance(reason, (socket.timeout, TimeoutError)):
-                return f"no answer in {timeout:g} s"
-            return str(reason)
-        except (socket.timeout, TimeoutError):
-            return f"no answer in {timeout:g} s"
-        except OSError as e:
-            return str(e)
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
-
-
-def _mib(n: int) -> str:
-    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 1024**2:.0f} MiB"
-
-
-def check_versions(probe: Probe) -> Finding:
-    kit = probe.kit_version()
-    torch_version = probe.torch_version()
-    cuda = probe.torch_cuda()
-    build = f"CUDA {cuda} build" if cuda else "CPU build"
-    kit_text = f"fsdp_mini {kit}" if kit else "fsdp_mini (not installed as a package)"
-    if _version_tuple(torch_version) < _version_tuple(KIT_TORCH_FLOOR):
-        return Finding(FAIL, "versions", f"{kit_text}, torch {torch_version}: the kit needs torch>="
-                       f"{KIT_TORCH_FLOOR}; fix: pip install \"torch>={KIT_TORCH_FLOOR}\" (on a GPU "
-                       "box, the image's CUDA torch: docker/Dockerfile)")
-    if kit is None:
-        return Finding(WARN, "versions", f"{kit_text}, torch {torch_version} ({build}): the "
-                       "fsdp-mini command and the labs expect the kit installed; fix: pip install "
-                       "-e \".[dev]\" in the repository")
-    return Finding(OK, "versions", f"{kit_text}, torch {torch_version} ({build}; the kit needs "
-                   f"torch>={KIT_TORCH_FLOOR})")
-
-
-def check_gpus(probe: Probe, expected: int | None) -> Finding:
-    seen = probe.torch_gpus()
-    listed = probe.nvidia_smi_gpus()
-    cuda = probe.torch_cuda()
-    if not seen and not listed:
-        if expected:
-            why = ("no nvidia-smi: not a GPU machine, or the container was started without "
-                   "--gpus all" if listed is None else "nvidia-smi lists none")
-            return Finding(FAIL, "GPUs", f"none, {expected} expected ({why}); fix: on the box, "
-                           "restart the container as docker/sky.yaml does (--gpus all), or replace "
-                           "the box")
-        return Finding(SKIP, "GPUs", "no GPU here (no nvidia-smi, torch sees none): the labs run "
-                       "4 CPU ranks with gloo; on a GPU box this line counts the GPUs and checks "
-                       "that torch sees each one")
-    if listed and not seen:
-        if not cuda:
-            return Finding(FAIL, "GPUs", f"nvidia-smi lists {len(listed)}, but torch "
-                           f"{probe.torch_version()} is a CPU build; fix: use the image's CUDA torch "
-                           "(docker/Dockerfile), or pip install torch from its CUDA index")
-        return Finding(FAIL, "GPUs", f"nvidia-smi lists {len(listed)}, torch (CUDA {cuda}) sees "
-                       f"none: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r} "
-                       f"hides them, or the driver is older than CUDA {cuda} (nvidia-smi's header "
-                       "gives the CUDA version it supports); fix: unset CUDA_VISIBLE_DEVICES, or "
-                       "take a machine image with a newer driver")
-    if listed is not None and len(seen) < len(listed):
-        return Finding(FAIL, "GPUs", f"torch sees {len(seen)} of the {len(listed)} GPUs nvidia-smi "
-                       f"lists (CUDA_VISIBLE_DEVICES="
-                       f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}); fix: unset it, or start "
-                       "the container with --gpus all")
-    names = sorted(set(seen))
-    described = f"{len(seen)} × {names[0]}" if len(names) == 1 else f"{len(seen)} ({', '.join(names)})"
-    if expected is not None and len(seen) != expected:
-        return Finding(FAIL, "GPUs", f"{described}, {expected} expected; fix: a missing GPU is a "
-                       "faulty box: replace it (docker/workshop.sh down --no-collect TEAM, then up "
-                       "TEAM), or take the spare")
-    if len(seen) == 1:
-        return Finding(WARN, "GPUs", f"{described}: NCCL needs a GPU per rank, so the labs run "
-                       "4 CPU ranks with gloo here; a workshop box has 4")
-    return Finding(OK, "GPUs", f"{described}, each seen by torch: the labs run {len(seen)} NCCL "
-                   "ranks, one per GPU")
-
-
-def check_nccl(probe: Probe, gpus: int) -> Finding:
-    has_nccl, version = probe.nccl()
-    if not probe.gloo():
-        return Finding(FAIL, "NCCL", "torch.distributed has no gloo, which every checker uses; fix: "
-                       "reinstall torch (a build with distributed support)")
-    if gpus == 0:
-        return Finding(SKIP, "NCCL", "cannot be checked without GPUs (torch "
-                       f"{'has' if has_nccl else 'has no'} NCCL built in); gloo: available, which "
-                       "is what the labs use here")
-    if not has_nccl:
-        return Finding(FAIL, "NCCL", "torch.distributed has no NCCL: the labs cannot use the GPUs; "
-                       "fix: the image's CUDA torch (docker/Dockerfile)")
-    return Finding(OK, "NCCL", f"available (NCCL {version or 'version unknown'}), gloo too")
-
-
-def check_shm(probe: Probe, gpus: int) -> Finding:
-    size = probe.shm_bytes()
-    fix = ("fix: run the container with --ipc=host (docker/sky.yaml and compose's gpu service do), "
-           "or --shm-size=8g")
-    if size is None:
-        status = FAIL if gpus >= 2 else WARN
-        return Finding(status, "/dev/shm", f"missing: NCCL moves data between the ranks of one "
-                       f"machine through it; {fix}")
-    if size < SHM_NEEDED:
-        if gpus >= 2:
-            return Finding(FAIL, "/dev/shm", f"{_mib(size)}: NCCL between the ranks of one machine "
-                           f"needs more (Docker's default, 64 MiB, hangs or fails); {fix}")
-        return Finding(WARN, "/dev/shm", f"{_mib(size)}: enough for CPU ranks, too small for NCCL "
-                       f"on a GPU box; {fix}")
-    return Finding(OK, "/dev/shm", f"{_mib(size)}")
-
-
-def check_memlock(probe: Probe, gpus: int) -> Finding:
-    limit = probe.memlock()
-    if limit is None:
-        return Finding(OK, "memlock", "unlimited")
-    fix = "fix: run the container with --ulimit memlock=-1 (docker/sky.yaml and compose do)"
-    if gpus >= 1:
-        return Finding(FAIL, "memlock", f"{_mib(limit)}: NCCL pins memory for its transfers and "
-                       f"fails or hangs under a limit; {fix}")
-    return Finding(WARN, "memlock", f"{_mib(limit)}: only NCCL needs it unlimited, so the CPU ranks "
-                   f"here are fine; on a GPU box, {fix}")
-
-
-def check_ports(probe: Probe) -> Finding:
-    if not probe.port_free(0):
-        return Finding(FAIL, "ports", "no port can be opened on 127.0.0.1: fsdp_mini.launch's "
-                       "rendezvous (a free port of its own) cannot start; fix: check the loopback "
-                       "interface (ip addr show lo) and the firewall")
-    taken = [p for p in RENDEZVOUS_PORTS if not probe.port_free(p)]
-    if taken:
-        return Finding(WARN, "ports", f"{', '.join(map(str, taken))} in use on 127.0.0.1: lab 10's "
-                       "two-terminal torchrun demo and docker/multinode/torchrun.sh meet at 29400, "
-                       "torchrun's static launch at 29500; fix: stop what listens there (ss -ltnp), "
-                       "or pass another port (--rdzv-endpoint 127.0.0.1:PORT, RDZV_PORT=PORT); "
-                       "fsdp_mini.launch takes a free port of its own")
-    return Finding(OK, "ports", "a free port for fsdp_mini.launch's rendezvous, and "
-                   f"{', '.join(map(str, RENDEZVOUS_PORTS))} for torchrun's")
-
-
-def _status_url(url: str) -> tuple[str, str | None]:
-    """(the /api/status address of the server at url, the token written in url, if any)."""
-    parts = urllib.parse.urlsplit(url)
-    token = urllib.parse.parse_qs(parts.query).get("token", [None])[0]
-    path = parts.path.rstrip("/")
-    for tail in ("/lab", "/tree", "/api/status"):
-        if path.endswith(tail):
-            path = path[: -len(tail)]
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path + "/api/status", "", "")), token
-
-
-def check_jupyter(probe: Probe, url: str | None, token: str | None) -> Finding:
-    if url is None:
-        return Finding(SKIP, "JupyterLab", "not checked: pass --url http://localhost:8888 (the "
-                       "tunnel's end) and the token (--token, or JUPYTER_TOKEN)")
-    status_url, url_token = _status_url(url)
-    token = token or url_token or os.environ.get("JUPYTER_TOKEN") or None
-    tunnel = ("fix: start the tunnel, ssh -N -L 8888:localhost:8888 attendee@<address> (your "
-              "handout's line), and keep it open")
-    answer = probe.http_status(status_url, token)
-    if isinstance(answer, str):
-        return Finding(FAIL, "JupyterLab", f"{status_url}: {answer}: nothing answers there; {tunnel}")
-    if answer == 200 and token:
-        return Finding(OK, "JupyterLab", f"{status_url} answers, and accepts the token")
-    if answer == 403 and not token:
-        return Finding(WARN, "JupyterLab", f"{status_url} answers (403 without a token): give the "
-                       "token to check it too, --token or JUPYTER_TOKEN")
-    if answer == 403:
-        return Finding(FAIL, "JupyterLab", f"{status_url} answers, but refuses the token (403); "
-                       "fix: copy the token again from your handout, whole, without spaces")
-    if answer == 200:
-        return Finding(FAIL, "JupyterLab", f"{status_url} answers without a token: anyone who "
-                       "reaches the port can run code; fix: start it through the image's "
-                       "entrypoint, which never runs without JUPYTER_TOKEN")
-    return Finding(FAIL, "JupyterLab", f"{status_url} answered HTTP {answer}, not JupyterLab's "
-                   f"/api/status: another server on that port?; {tunnel}")
+__all__ = ["FAIL", "GIB", "KIT_TORCH_FLOOR", "OK", "RENDEZVOUS_PORTS", "SHM_NEEDED", "SKIP", "WARN",
+           "Finding", "Probe", "add_doctor_parser", "check_gpus", "check_jupyter", "check_memlock",
+           "check_nccl", "check_ports", "check_shm", "check_versions", "doctor_command",
+           "run_checks", "summary"]
 
 
 def run_checks(probe: Probe, expected_gpus: int | None = None, url: str | None = None,

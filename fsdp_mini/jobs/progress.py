@@ -1,40 +1,87 @@
 """``fsdp-mini progress``: every team's checks on one page, for the instructor on the day.
 
+    docker/workshop.sh progress team1 team2         # copies them from the boxes, then runs this
     fsdp-mini progress team1/ team2/                # a table: who passed what, who is stuck where
     fsdp-mini progress team*/ --html progress.html  # the same page for a browser (refresh it)
+    fsdp-mini progress collected/team1-work.tar     # a team's collected work, read in place
 
-Each argument is a team's folder (or the file itself) holding ``.fsdp-mini-progress.jsonl``, what
-the labs' checkers wrote beside the notebooks (:mod:`fsdp_mini.labs.common.progress`); copy them
-from the boxes first (slides/INSTRUCTOR.md says how). A team's latest verdict per check counts;
-"stuck" is a check that failed last and has not passed since, with the checker's own words.
+Each argument is a team's folder (every ``.fsdp-mini-progress.jsonl`` in it and its subfolders:
+what the labs' checkers wrote beside the notebooks, :mod:`fsdp_mini.labs.common.progress`), one
+such file, or a tar of the team's work (``docker/workshop.sh collect``). An argument with no
+progress file in it, or a file that holds no verdict, is named on stderr and the exit status is 2
+(the other teams are still shown). ``docker/workshop.sh progress`` copies the files from the boxes
+into a folder per team (slides/INSTRUCTOR.md, section 4b, "Watching the teams"). A team's latest
+verdict per (user, check) counts; "stuck" is a check that failed last and has not passed since,
+with the checker's own words. The user is the attendee's name where they set
+``FSDP_MINI_ATTENDEE``, else the login (``learner`` for everyone in the workshop's container)
+with the notebook the check ran in.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import re
+import tarfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 PROGRESS_FILE = ".fsdp-mini-progress.jsonl"  # as fsdp_mini.labs.common.progress writes it
 
 
-def read_progress(where) -> list[dict]:
-    """The verdicts in a team's folder (or file), oldest first; damaged lines are skipped."""
+def _texts(where) -> list[tuple[str, str]]:
+    """(name, text) of every progress file in ``where``: a folder (and its subfolders), a tar of
+    a team's work, or a progress file itself."""
     path = Path(where)
-    path = path / PROGRESS_FILE if path.is_dir() else path
+    if path.is_dir():
+        found = sorted(path.rglob(PROGRESS_FILE))
+        if not found:
+            raise FileNotFoundError(f"{where}: no {PROGRESS_FILE} there, nor in its subfolders "
+                                    "(copy the team's files first: docker/workshop.sh progress "
+                                    "TEAM, or name the file itself)")
+        return [(str(p), p.read_text(encoding="utf-8", errors="replace")) for p in found
+                if p.is_file()]
     if not path.is_file():
         raise FileNotFoundError(f"{where}: no {PROGRESS_FILE} there (copy the team's work folder "
                                 f"first, or name the file itself)")
+    if tarfile.is_tarfile(path):
+        with tarfile.open(path) as tar:
+            members = [m for m in tar.getmembers()
+                       if m.isfile() and m.name.rsplit("/", 1)[-1] == PROGRESS_FILE]
+            if not members:
+                raise FileNotFoundError(f"{where}: a tar with no {PROGRESS_FILE} in it (no check "
+                                        "ran in that work, or it is not the team's work)")
+            return [(f"{where}:{m.name}", tar.extractfile(m).read().decode("utf-8", "replace"))
+                    for m in members]
+    return [(str(where), path.read_text(encoding="utf-8", errors="replace"))]
+
+
+def read_progress(where) -> list[dict]:
+    """The verdicts in a team's folder, tar or file, oldest first; damaged lines are skipped. An
+    empty file is a team that has run no check yet; a file with lines but no verdict is an
+    error (not a progress file)."""
     out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and {"time", "check", "passed"} <= set(entry):
-            out.append(entry)
+    for name, text in _texts(where):
+        entries = []
+        for line in text.splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and {"time", "check", "passed"} <= set(entry):
+                entries.append(entry)
+        if text.strip() and not entries:
+            raise ValueError(f"{name}: no check's verdict in it: not a {PROGRESS_FILE}")
+        out += entries
     return sorted(out, key=lambda e: str(e["time"]))
+
+
+def team_name(where) -> str:
+    """The name a team is shown under: its folder's, or its tar's without -work and the date."""
+    name = Path(where).name or str(where)
+    if name.endswith(".tar"):
+        name = re.sub(r"-work(-\d{8}T\d{6}Z(-\d+)?)?$", "", name[: -len(".tar")])
+    return name
 
 
 def standing(entries: list[dict]) -> dict:
@@ -96,21 +143,27 @@ def _ago(when: str, now: datetime) -> str:
 
 def add_progress_parser(sub) -> None:
     p = sub.add_parser("progress", help="every team's checks on one page (the instructor's view)")
-    p.add_argument("teams", nargs="+", help="each team's work folder (or its progress file)")
+    p.add_argument("teams", nargs="+", help="each team's folder (its progress files, subfolders "
+                   "too), a progress file, or the tar of its work (docker/workshop.sh collect)")
     p.add_argument("--html", metavar="PAGE", help="also write the page to PAGE")
 
 
 def progress_command(args) -> int:
     import sys
-    teams = {}
+    teams, bad = {}, []
     for where in args.teams:
-        name = Path(where).name or where
+        name = team_name(where)
         try:
             teams[where if name in teams else name] = read_progress(where)
-        except (FileNotFoundError, OSError) as err:
+        except (OSError, ValueError, tarfile.TarError) as err:
+            bad.append(where)
             print(f"fsdp-mini progress: error: {err}", file=sys.stderr)
-            return 2
-    print(progress_text(teams))
-    if args.html:
-        Path(args.html).write_text(progress_html(teams), encoding="utf-8")
+    if teams:
+        print(progress_text(teams))
+        if args.html:
+            Path(args.html).write_text(progress_html(teams), encoding="utf-8")
+    if bad:
+        print(f"fsdp-mini progress: no progress read from {', '.join(map(str, bad))}",
+              file=sys.stderr)
+        return 2
     return 0

@@ -3,8 +3,15 @@
 A public checker (``@verdict_of_check``) appends one JSON line to ``.fsdp-mini-progress.jsonl`` in
 the kernel's folder (the notebook's: ``~/work`` in the workshop's container) each time it runs::
 
-    {"time": "2026-12-03T10:41:07+00:00", "user": "learner", "lab": "03", "check": "check_ddp",
-     "what": "your DDP ...", "passed": false, "said": "at world size 2 ...", "answer": "9f2c..."}
+    {"time": "2026-12-03T10:41:07+00:00", "user": "learner (03_ddp.ipynb)", "lab": "03",
+     "check": "check_ddp", "what": "your DDP ...", "passed": false, "said": "at world size 2 ...",
+     "answer": "9f2c..."}
+
+``user`` is who ran it, as far as the kernel can tell: ``FSDP_MINI_ATTENDEE`` where the attendee
+set it (``%env FSDP_MINI_ATTENDEE=ada`` in the notebook), else the login (``JUPYTERHUB_USER``,
+``USER``: ``learner`` for everyone in the workshop's container), followed by the notebook the
+check ran in where JupyterLab names it (``JPY_SESSION_NAME``): two attendees of a team who each
+work in their own copy of a lab are two users; at one notebook, they are one.
 
 Nothing else of the learner's is kept (not their code: a digest of it). Nothing is written in the
 kit's CI or when the reference solutions run (``CI=true``, ``FSDP_MINI_SOLUTIONS=1``: that is no
@@ -31,6 +38,16 @@ def progress_file() -> Path | None:
     return Path(os.environ.get("FSDP_MINI_PROGRESS_DIR") or Path.cwd()) / PROGRESS_FILE
 
 
+def _user() -> str:
+    """Who ran the check: the attendee's name, else the login, with the notebook's name."""
+    who = (os.environ.get("FSDP_MINI_ATTENDEE", "").strip() or os.environ.get("JUPYTERHUB_USER")
+           or os.environ.get("USER") or "")
+    notebook = os.path.basename(os.environ.get("JPY_SESSION_NAME", "").rstrip("/"))
+    if notebook:
+        who = f"{who} ({notebook})" if who else notebook
+    return who[:120]
+
+
 def record_verdict(result, checker: str, module: str) -> None:
     """Append ``result``'s verdict (one line, one write: appends of two kernels never mix)."""
     path = progress_file()
@@ -40,7 +57,7 @@ def record_verdict(result, checker: str, module: str) -> None:
     lab = next((part[3:] for part in module.split(".") if part.startswith("lab")
                 and part[3:].isdigit()), "")
     line = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "user": os.environ.get("JUPYTERHUB_USER") or os.environ.get("USER") or "",
+            "user": _user(),
             "lab": lab, "check": checker, "what": result.what, "passed": result.passed,
             "said": (wrong[0] if wrong else "all checks passed")[:300],
             "answer": getattr(result, "answer", "")}
