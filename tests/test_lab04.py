@@ -47,7 +47,7 @@ def test_the_reference_solutions_pass_everywhere_with_the_formulas_bytes_and_mem
                                                                       4 * psi // 2)):
         result = judged[name]
         assert result.passed, result
-        assert "18 configurations, world size 1 / 2 / 3 / 4" in str(result), result
+        assert "20 configurations, world size 1 / 2 / 3 / 4" in str(result), result
         ledger = _own(result, "SGD+momentum").get("ledger", step=lab04.STEPS)
         assert sorted(ledger) == sorted([(grad_op, 4 * psi, "world"), ("all_gather", 4 * psi,
                                                                         "world")])
@@ -58,7 +58,8 @@ def test_the_reference_solutions_pass_everywhere_with_the_formulas_bytes_and_mem
 
 def test_a_wrong_scale_is_found_at_the_smallest_world_size_that_shows_it(judged):
     (line,) = [msg for ok, msg, _ in judged["no average"].lines if not ok]
-    assert line.startswith("at world size 2, net 'mlp', optimizer 'SGD+momentum': the gradient "
+    assert line.startswith("at world size 2, net 'mlp', optimizer 'SGD+momentum', dtype 'float32': "
+                           "the gradient "
                            "shard rank 0's optimizer got in step 1"), line
     assert "(2x)" in line and "right with world size 1, wrong with 2, 3, 4" in line
 
@@ -104,7 +105,7 @@ def test_the_notebook_says_which_exercise_fell_back_and_why_times_are_not_compar
     text = "\n".join(c.source for c in nb.cells)
     assert "zero1_check.passed" in text and "zero2_check.passed" in text
     assert "differences are mostly noise" in text and "self.shard.grad = the elements" in text
-    assert "18 configurations" in text
+    assert "20 configurations" in text
 
 
 def test_the_checkers_data_splits_over_any_world_size_the_lab_runs_at():

@@ -63,7 +63,16 @@ def _raised(d, *words) -> bool:
 
 HANG = ("a rank waits in a collective another rank never makes: every rank must issue the same "
         "collectives, in the same order, every step")
+# A buffer made without its tensors' dtype is right only in float32 (and a byte count that
+# assumes 4 B per element too): the configurations in other dtypes show it.
+DTYPE = Hint(lambda d: d.only_where(lambda c: c.get("dtype", "float32") != "float32"),
+             lambda d: f"right in float32 only, wrong with {d.config['dtype']} parameters: take "
+             f"every buffer's dtype and device from the tensors it holds (torch.empty_like, or "
+             f"dtype=flat.dtype, device=flat.device), and bytes from element_size() (2 B in "
+             f"bfloat16, 4 in float32), never a fixed 4")
+
 TRAINING_HINTS = [
+    DTYPE,
     Hint(lambda d: _raised(d, "a hang", "Mismatch"), HANG),
     Hint(lambda d: _raised(d, "None"), "something was still None: a gradient is there only once "
          "autograd has made it (register_post_accumulate_grad_hook; a bucket once every "

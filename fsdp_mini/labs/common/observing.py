@@ -61,11 +61,16 @@ def mse(net, x, y):
     return nn.functional.mse_loss(net(x), y)
 
 
-def training_run(kind: str, rank: int, world_size: int):
+def training_run(kind: str, rank: int, world_size: int, dtype: str = "float32"):
     """(net, batch, loss) of ``kind``: a small net (:data:`NETS`) or a GPT preset of the labs
-    (``"tiny"``...), rank ``rank``'s net with its own seed and its rows of each step's batch."""
+    (``"tiny"``...), rank ``rank``'s net with its own seed and its rows of each step's batch;
+    a small net's parameters and data in ``dtype`` (``"bfloat16"``: buffers made without the
+    parameters' dtype show)."""
     if kind in NETS:
-        return small_net(kind, rank), batches_for(kind, rank, world_size), mse
+        to = getattr(torch, dtype)
+        rows = batches_for(kind, rank, world_size)
+        return (small_net(kind, rank).to(to),
+                lambda step: tuple(t.to(to) for t in rows(step)), mse)
     from ...models import GPTConfig, SyntheticText, make_model
     gpt = GPTConfig.sized(kind)
     data = SyntheticText(gpt.vocab_size, gpt.block_size)
@@ -141,13 +146,11 @@ def observe_memory(record, net, optimizer, batch, steps: int, loss=mse,
     with track_memory(net, optimizer) as mem:
         for step in range(1, steps + 1):
             mem.reset_peak()
-            x, y = batch(step)
-            loss(net, x, y).backward()
+            loss(net, *batch(step)).backward()   # Note: the batch is not kept alive here
             optimizer.step()
             if before_zero_grad:
                 record.see("alive", settled(mem), step=step)
             optimizer.zero_grad()
-            del x, y
             record.see("peak", mem.own_peak_bytes, step=step)
             if not before_zero_grad:
                 record.see("alive", settled(mem), step=step)

@@ -9,7 +9,7 @@ from collections import Counter
 
 from ..common.checking import measure_strategies, missing_methods
 from ..common.differential import Check, Hint, spread
-from ..common.hints import HANG, power_of_n, ratios
+from ..common.hints import DTYPE, HANG, power_of_n, ratios
 from ..common.exercise import load_solution
 from ..common.observing import OPTIMIZERS, observe_memory, observe_training, training_run
 from ..common.report import CheckResult, verdict_of_check
@@ -23,7 +23,7 @@ def _train(cls, cfg, record) -> None:
     from ...api import parallelize
     n, rank = cfg["world_size"], record.rank
     for memory in (False, True)[:1 + (cfg["optimizer"] != SGD)]:
-        net, batch, loss = training_run(cfg["net"], rank, n)
+        net, batch, loss = training_run(cfg["net"], rank, n, cfg["dtype"])
         net, opt = parallelize(net, cls, optimizer=OPTIMIZERS[cfg["optimizer"]],
                                check_collectives=not memory)
         zero, starts = net.fsdp_mini, []
@@ -43,8 +43,11 @@ def _train(cls, cfg, record) -> None:
 
 
 def _configs(world_size: int, model: str) -> list:
-    return spread(world_size=[1, 2, 3, 4], net=["mlp", "padding"], optimizer=[SGD, "AdamW"]) + \
-        spread(world_size=[world_size], net=[model], optimizer=[SGD, "AdamW"])
+    f32 = {"dtype": ["float32"]}
+    return spread(world_size=[1, 2, 3, 4], net=["mlp", "padding"], optimizer=[SGD, "AdamW"],
+                  **f32) + \
+        spread(world_size=[2, 3], net=["mlp"], optimizer=[SGD], dtype=["bfloat16"]) + \
+        spread(world_size=[world_size], net=[model], optimizer=[SGD, "AdamW"], **f32)
 
 
 def _slices(d) -> str:
@@ -95,6 +98,7 @@ KEEP = {True: "self.shard.grad is a view of flat_grad, and a view keeps the whol
         "the rest of the average is freed: ZeRO-1 keeps the whole averaged gradient (4Ψ, as "
         "DDP; a slice only is ZeRO-2's saving): make self.shard.grad a view of your slice of it"}
 HINTS = [
+    DTYPE,
     Hint(lambda d: d.raised and (d.raised[0] == "a hang" or "Mismatch" in d.raised[0]), HANG),
     Hint(lambda d: d.raised and "the full tensor has" in d.raised[1], "each rank's part (or "
          "output) of the flat buffer is self.flat.numel() // N elements, self.shard's size"),

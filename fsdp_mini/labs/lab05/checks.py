@@ -9,7 +9,7 @@ from collections import Counter
 
 from ..common.checking import missing_methods, unwritten
 from ..common.differential import Check, Hint, spread
-from ..common.hints import HANG, power_of_n, ratios
+from ..common.hints import DTYPE, HANG, power_of_n, ratios
 from ..common.exercise import load_solution
 from ..common.observing import (NETS, OPTIMIZERS, observe_memory, observe_training,
                                 training_run, units_of)
@@ -24,7 +24,7 @@ def _train(unit_cls, cfg, record) -> None:
     from ...api import parallelize
     n, rank = cfg["world_size"], record.rank
     for memory in (False, True)[:1 + (cfg["optimizer"] != SGD)]:
-        net, batch, loss = training_run(cfg["net"], rank, n)
+        net, batch, loss = training_run(cfg["net"], rank, n, cfg["dtype"])
         # Note: in a small net the root holds the last layer; in the GPT every block is a unit
         units = units_of(net)[:-1] if cfg["net"] in NETS else list(net.blocks)
         net, opt = parallelize(net, type("Checked", (FSDPScaffold,), {"unit_class": unit_cls}),
@@ -42,9 +42,12 @@ def _train(unit_cls, cfg, record) -> None:
 
 
 def _configs(world_size: int, model: str) -> list:
-    return spread(world_size=[1, 2, 3, 4], net=["mlp", "padding", "twins"], optimizer=[SGD]) + \
-        spread(world_size=[1, 2, 3, 4], net=["twins"], optimizer=["AdamW"]) + \
-        spread(world_size=[world_size], net=[model], optimizer=[SGD, "AdamW"])
+    f32 = {"dtype": ["float32"]}
+    return spread(world_size=[1, 2, 3, 4], net=["mlp", "padding", "twins"], optimizer=[SGD],
+                  **f32) + \
+        spread(world_size=[1, 2, 3, 4], net=["twins"], optimizer=["AdamW"], **f32) + \
+        spread(world_size=[2, 3], net=["mlp"], optimizer=[SGD], dtype=["bfloat16"]) + \
+        spread(world_size=[world_size], net=[model], optimizer=[SGD, "AdamW"], **f32)
 
 
 def _ops(d, of=0, op="all_gather") -> Counter:
@@ -60,6 +63,7 @@ def _on(observable, test=lambda d: True):
 FREE = ("free the storage itself, self.full.untyped_storage().resize_(0): the tensor and "
         "autograd's views of it stay valid, and unshard refills the same storage")
 HINTS = [
+    DTYPE,
     Hint(lambda d: d.raised and (d.raised[0] == "a hang" or "Mismatch" in d.raised[0]), HANG),
     Hint(lambda d: d.raised and "the full tensor has" in d.raised[1], "all_gather(output, "
          "shard) and reduce_scatter(output, full): the unit's whole buffer has N times the "
