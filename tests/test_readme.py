@@ -38,3 +38,23 @@ def test_the_japanese_overview_is_linked_and_gives_the_same_two_commands():
     for notebook in ("labs/project_lead.ja.ipynb", "labs/project_lead.ipynb"):
         assert notebook in ja and (ROOT / notebook).is_file()
     assert all(word in ja for word in ("シャーディング", "通信オーバーヘッド", "DDP", "ZeRO"))
+
+
+def test_the_readmes_are_a_front_door_of_at_most_200_lines():
+    """The README says what the kit is, how to run it and where the rest is: the course site."""
+    for name in ("README.md", "README.ja.md"):
+        lines = (ROOT / name).read_text().splitlines()
+        assert len(lines) <= 200, f"{name} has {len(lines)} lines; move text to a page of docs/"
+
+
+def test_the_readmes_link_to_files_that_exist_and_build_the_site_alike():
+    for name in ("README.md", "README.ja.md"):
+        text = (ROOT / name).read_text()
+        links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+        local = [link for link in links if not re.match(r"[a-z]+:", link)]
+        assert any(link.startswith("docs/") for link in local), name
+        missing = [link for link in local if not (ROOT / link).exists()]
+        assert not missing, f"{name} links to files that do not exist: {missing}"
+    sites = [re.search(r"## (?:The course site|コースサイト).*?```bash\n(.*?)```", (ROOT / n).read_text(),
+                       re.S).group(1) for n in ("README.md", "README.ja.md")]
+    assert sites[0] == sites[1] and "python -m mkdocs build -d build/site" in sites[0]

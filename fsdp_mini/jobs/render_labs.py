@@ -12,6 +12,10 @@ what a finished lab looks like.
 Interrupted (Ctrl-C, SIGTERM), it stops the running lab's kernel and every process under it
 (its ranks included), writes nothing for that lab and raises :class:`Interrupted`, which the
 command reports in one line. The output folder is checked before any lab runs.
+
+The course site's executed build (``FSDP_MINI_DOCS_EXECUTE=1``, ``docs/hooks.py``) runs the labs
+through :func:`executing` too, without the widgets' state (a page without a widget manager then
+shows each widget's static figure).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import signal
 import tempfile
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 
 from ..launcher.keeper import alive, descendants, kill, parent_of
@@ -38,11 +43,13 @@ def lab_notebooks(folder: Path = LABS_DIR) -> list[Path]:
     return sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb") if LAB_NAME.fullmatch(p.stem))
 
 
-def render(notebook: Path, out_dir: Path, ci: bool = False, timeout: float = 900) -> Path:
-    """Execute ``notebook`` and write ``out_dir/<name>.html``; return its path."""
+def execute(notebook: Path, ci: bool = False, timeout: float = 900, widget_state: bool = True):
+    """Run ``notebook`` top to bottom in a fresh kernel, in its own folder, with the reference
+    solutions; return the executed notebook (an ``nbformat`` node; the file is not changed).
+    ``widget_state``: store the widgets' final state in its metadata (an HTML page with a widget
+    manager draws them from it; without one, each widget's static figure is shown instead)."""
     import nbformat
     from nbclient import NotebookClient
-    from nbconvert import HTMLExporter
 
     nb = nbformat.read(notebook, as_version=4)
     env = {"FSDP_MINI_SOLUTIONS": "1", "CI": "true" if ci else ""}
@@ -50,11 +57,22 @@ def render(notebook: Path, out_dir: Path, ci: bool = False, timeout: float = 900
     os.environ.update(env)  # Note: the kernel inherits this process's environment
     try:
         _execute(NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                store_widget_state=True,
+                                store_widget_state=widget_state,
                                 resources={"metadata": {"path": str(notebook.parent)}}))
     finally:
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return nb
+
+
+def render(notebook: Path, out_dir: Path, ci: bool = False, timeout: float = 900) -> Path:
+    """Execute ``notebook`` and write ``out_dir/<name>.html``; return its path."""
+    return _write_html(notebook, execute(notebook, ci=ci, timeout=timeout), out_dir)
+
+
+def _write_html(notebook: Path, nb, out_dir: Path) -> Path:
+    from nbconvert import HTMLExporter
+
     body, _ = HTMLExporter().from_notebook_node(nb)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / (notebook.stem + ".html")
@@ -73,16 +91,29 @@ def render_labs(out_dir: str, only: list[str] | None = None, ci: bool = False) -
         raise ValueError(f"no lab matches {only}; the labs are: {known}")
     check_writable(Path(out_dir))
     written = []
+    with closing(executing(notebooks, ci=ci)) as runs:  # Note: closed, its signal handlers go
+        for path, nb, seconds in runs:
+            try:
+                written.append(_write_html(path, nb, Path(out_dir)))
+            except KeyboardInterrupt as e:  # while writing: no kernel runs, nothing is written
+                raise Interrupted(getattr(e, "signal_name", "SIGINT"), path.stem) from None
+            print(f"{path.stem}: {written[-1]} ({seconds:.0f} s)", flush=True)
+    return written
+
+
+def executing(notebooks: list[Path], ci: bool = False, widget_state: bool = True):
+    """Execute each notebook in turn (:func:`execute`); yield ``(path, executed notebook,
+    seconds)``. Interrupted (Ctrl-C, SIGTERM) while one runs, stop its kernel and every process
+    under this one and raise :class:`Interrupted`."""
     with _terminate_as_interrupt():
-        for nb in notebooks:
+        for path in notebooks:
             start = time.perf_counter()
             try:
-                written.append(render(nb, Path(out_dir), ci=ci))
+                nb = execute(path, ci=ci, widget_state=widget_state)
             except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (below)
                 _stop_everything_below()
-                raise Interrupted(getattr(e, "signal_name", "SIGINT"), nb.stem) from None
-            print(f"{nb.stem}: {written[-1]} ({time.perf_counter() - start:.0f} s)", flush=True)
-    return written
+                raise Interrupted(getattr(e, "signal_name", "SIGINT"), path.stem) from None
+            yield path, nb, time.perf_counter() - start
 
 
 def check_writable(out_dir: Path) -> None:
