@@ -15,6 +15,8 @@ margins 0 (FSDP always loses), 0.1, 0.5 (the bytes tie), 0.6 and 2 (it never los
 
 from __future__ import annotations
 
+import math
+
 from ..common.differential import Check, Hint, near
 from ..common.exercise import load_solution, not_written_yet
 from ..common.records import Config, spread
@@ -87,11 +89,40 @@ def _latency(d) -> dict | None:
 
 def _latency_words(d) -> str:
     f = _latency(d)
+    if near(f["F"], 3, 1e-6) and near(f["D"] - f["E"], 2, 1e-6) and not near(f["D"], 2, 1e-6):
+        return (f"from your answers, the (1 + m) multiplies {f['D']:g}·(N−1)α of DDP's "
+                f"2·(N−1)α latency and leaves {-f['E']:g}·(N−1)α outside: the margin multiplies "
+                f"DDP's whole step, (1 + m)·(C + L_d + B_d/b)")
     step = f" + {f['E']:g}·(N−1)α once a step" if f["E"] else ""
     return (f"from your answers, your FSDP latency is {f['F']:g}·units·(N−1)α{step} and DDP's "
             f"{f['D']:g}·(N−1)α; the model: 3·units·(N−1)α (each unit: an all-gather in forward, "
             f"one in backward, a reduce-scatter) and 2(N−1)α (an all-reduce: a reduce-scatter "
             f"then an all-gather)")
+
+
+def _bytes_ratio(d) -> float | None:
+    """yours / the reference's where there is no latency, if that is one number (not 1) in
+    every differing job with both finite and positive: the bytes are off by that factor."""
+    jobs = [(c, m / w) for c, m, w in _finite(d) if not c["latency_us"] and c in d.differ]
+    r = [x for _, x in jobs]
+    ok = len(r) > 1 and all(near(x, r[0], 1e-6) for x in r) and not near(r[0], 1, 1e-6)
+    # Note: a factor of the bytes scales the crossover alike whatever the compute
+    varied = len({c["compute_s"] for c, _ in jobs}) > 1
+    bytes_factor = ok and any(near(r[0], k, 1e-6) for k in BYTES)
+    return r[0] if bytes_factor and varied else None
+
+
+BYTES = {0.25: "Ψ counted as bytes: Ψ is a count of parameters, 4Ψ bytes in fp32",
+         4.0: "the bytes counted 4 times: 4Ψ is already in bytes", 0.5: "half the bytes",
+         2.0: "twice the bytes"}
+
+
+def _rounded(d) -> int | None:
+    """k where every differing crossover of yours is the reference's rounded to k decimals."""
+    finite = [(m, w) for c, m, w in pairs(d, "crossover") if c in d.differ and
+              math.isfinite(m) and math.isfinite(w)]
+    return next((k for k in range(4) if finite and all(m == round(w, k) for m, w in finite)),
+                None)
 
 
 def _ring(d) -> bool:
@@ -136,6 +167,14 @@ HINTS = [
     Hint(lambda d: len(_finite(d)) > 1 and all(near(m * w, 1, 1e-6) for _, m, w in _finite(d)),
          "yours is 1 / the reference's everywhere: the bandwidth multiplies where it divides "
          "(time = bytes / bandwidth): solve C_f + L_f + B_f/b = (1+m)(C_d + L_d + B_d/b) for b"),
+    Hint(lambda d: _rounded(d) is not None, lambda d: f"yours is the reference's rounded to "
+         f"{_rounded(d)} decimals: return the value as computed (round only when you print it): "
+         f"at low bandwidths the rounding is most of the answer"),
+    Hint(lambda d: _bytes_ratio(d) is not None, lambda d: (
+        f"where there is no latency every crossover of yours is {_bytes_ratio(d):.4g}x the "
+        f"reference's: the bytes are off by that factor" + next(
+            (f" ({w})" for k, w in BYTES.items() if near(_bytes_ratio(d), k, 1e-6)), "") +
+        "; B_d = 2(N−1)/N·4Ψ, B_f = 3(N−1)/N·4Ψ bytes")),
     Hint(_ring, "where there is no latency yours is N/(N−1) times the reference's: the (N−1)/N "
          "of the ring is missing (an all-gather or reduce-scatter sends (N−1)/N of its payload "
          "from each rank, an all-reduce twice that)"),
