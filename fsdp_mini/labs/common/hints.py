@@ -63,6 +63,27 @@ def _raised(d, *words) -> bool:
 
 HANG = ("a rank waits in a collective another rank never makes: every rank must issue the same "
         "collectives, in the same order, every step")
+def _ratio_words(d, observable: str) -> str:
+    found = dict(ratios(d, observable))
+    r, n = ", ".join(f"{v:.3g}" for v in found.values()), ", ".join(f"{k:.3g}" for k in found)
+    by = ", ".join(f"{k / v:.3g}" for k, v in found.items())
+    return (f"your gradients are {r}x the reference's at N = {n}: the sum over ranks divided by "
+            f"{by} instead of N")
+
+
+def scale_hints(observable: str = "grads") -> list[Hint]:
+    """What the size of ``observable`` (a gradient) beside the reference's says of the average:
+    N^1 (not divided), N^-1 (divided twice), or another divisor at each N."""
+    def on(test):
+        return lambda d: d.observable == observable and test(d)
+    return [Hint(on(lambda d: power_of_n(d, observable) == 1), "the gradients are N times too "
+                 "large: divide the sum over ranks by the world size (AdamW hides it)"),
+            Hint(on(lambda d: power_of_n(d, observable) == -1), "the gradients are N times too "
+                 "small: divided by N twice; divide the sum by the world size once"),
+            Hint(on(lambda d: len(dict(ratios(d, observable))) > 1),
+                 lambda d: _ratio_words(d, observable))]
+
+
 # A buffer made without its tensors' dtype is right only in float32 (and a byte count that
 # assumes 4 B per element too): the configurations in other dtypes show it.
 DTYPE = Hint(lambda d: d.only_where(lambda c: c.get("dtype", "float32") != "float32"),

@@ -79,6 +79,15 @@ def training_run(kind: str, rank: int, world_size: int, dtype: str = "float32"):
             lambda net, x, y: net(x, y)[1])
 
 
+def runs_of(cfg, rank: int):
+    """(memory, net, batch, loss) for each run a strategy check makes of ``cfg`` on ``rank``:
+    one observing training, then, with AdamW (the optimizer whose state is the memory to see),
+    one observing memory (``memory`` True). Note: two runs, because the memory tracker's
+    dispatch mode must not sit under the run that checks the values."""
+    for memory in (False, True)[:1 + (cfg["optimizer"] != "SGD+momentum")]:
+        yield (memory, *training_run(cfg["net"], rank, cfg["world_size"], cfg["dtype"]))
+
+
 def observe_training(record, net, optimizer, batch, steps: int, loss=mse,
                      each_step=lambda step: None) -> None:
     """Train ``steps`` steps; record the start, and per step the loss, the weights once backward

@@ -9,9 +9,9 @@ from collections import Counter
 
 from ..common.checking import measure_strategies, missing_methods
 from ..common.differential import Check, Hint, spread
-from ..common.hints import DTYPE, HANG, power_of_n, ratios
+from ..common.hints import DTYPE, HANG, scale_hints
 from ..common.exercise import load_solution
-from ..common.observing import OPTIMIZERS, observe_memory, observe_training, training_run
+from ..common.observing import OPTIMIZERS, observe_memory, observe_training, runs_of
 from ..common.report import CheckResult, verdict_of_check
 from .scaffold import ZeroScaffold
 
@@ -21,9 +21,7 @@ STEPS, SGD = 4, "SGD+momentum"
 
 def _train(cls, cfg, record) -> None:
     from ...api import parallelize
-    n, rank = cfg["world_size"], record.rank
-    for memory in (False, True)[:1 + (cfg["optimizer"] != SGD)]:
-        net, batch, loss = training_run(cfg["net"], rank, n, cfg["dtype"])
+    for memory, net, batch, loss in runs_of(cfg, record.rank):
         net, opt = parallelize(net, cls, optimizer=OPTIMIZERS[cfg["optimizer"]],
                                check_collectives=not memory)
         zero, starts = net.fsdp_mini, []
@@ -113,14 +111,7 @@ HINTS = [
     Hint(lambda d: d.observable in ("grads", "ledger") and not _ops(d) & set(REDUCE), "the "
          "gradients were never averaged over the ranks (no all-reduce or reduce-scatter in the "
          "step): each rank stepped on its own batch's gradient"),
-    Hint(_on("grads", lambda d: power_of_n(d, "grads") == 1), "the gradients are N times too "
-         "large: divide the sum over ranks by the world size (AdamW hides it)"),
-    Hint(_on("grads", lambda d: power_of_n(d, "grads") == -1), "the gradients are N times too "
-         "small: divided by N twice; divide the sum by the world size once"),
-    Hint(_on("grads", lambda d: len(dict(ratios(d, "grads"))) > 1), lambda d: "your gradients "
-         "are {}x the reference's at N = {}: the sum over ranks divided by {} instead of N".format(
-             *(", ".join(f"{v:.3g}" for v in vs) for vs in zip(*((r, n, n / r) for n, r in dict(
-                 ratios(d, "grads")).items()))))),
+    *scale_hints("grads"),
     Hint(_on("unwaited"), "a collective issued with async_op=True was never waited for: its "
          "output may be read before it is written; call .wait() on the handle it returns"),
     Hint(_on("ledger", lambda d: "all_gather" not in _ops(d)), "no all-gather after the step: "

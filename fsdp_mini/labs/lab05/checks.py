@@ -9,10 +9,10 @@ from collections import Counter
 
 from ..common.checking import missing_methods, unwritten
 from ..common.differential import Check, Hint, spread
-from ..common.hints import DTYPE, HANG, power_of_n, ratios
+from ..common.hints import DTYPE, HANG, scale_hints
 from ..common.exercise import load_solution
-from ..common.observing import (NETS, OPTIMIZERS, observe_memory, observe_training,
-                                training_run, units_of)
+from ..common.observing import (NETS, OPTIMIZERS, observe_memory, observe_training, runs_of,
+                                units_of)
 from ..common.report import CheckResult, verdict_of_check
 from .scaffold import FSDPScaffold, FSDPUnit
 
@@ -22,9 +22,7 @@ STEPS, SGD = 4, "SGD+momentum"
 
 def _train(unit_cls, cfg, record) -> None:
     from ...api import parallelize
-    n, rank = cfg["world_size"], record.rank
-    for memory in (False, True)[:1 + (cfg["optimizer"] != SGD)]:
-        net, batch, loss = training_run(cfg["net"], rank, n, cfg["dtype"])
+    for memory, net, batch, loss in runs_of(cfg, record.rank):
         # Note: in a small net the root holds the last layer; in the GPT every block is a unit
         units = units_of(net)[:-1] if cfg["net"] in NETS else list(net.blocks)
         net, opt = parallelize(net, type("Checked", (FSDPScaffold,), {"unit_class": unit_cls}),
@@ -87,14 +85,7 @@ HINTS = [
          "all-reduce or reduce-scatter in the step): each rank stepped on its own gradient"),
     Hint(_on("ledger", lambda d: _ops(d, 0, "all_reduce") - _ops(d, 1, "all_reduce")), "the "
          "gradient was all-reduced (2Ψ): each rank keeps only its shard: one reduce-scatter (Ψ)"),
-    Hint(_on("grads", lambda d: power_of_n(d, "grads") == 1), "the gradients are N times too "
-         "large: divide the sum over ranks by the world size (AdamW hides it)"),
-    Hint(_on("grads", lambda d: power_of_n(d, "grads") == -1), "the gradients are N times too "
-         "small: divided by N twice; divide the sum by the world size once"),
-    Hint(_on("grads", lambda d: len(dict(ratios(d, "grads"))) > 1), lambda d: "your gradients "
-         "are {}x the reference's at N = {}: the sum over ranks divided by {} instead of N".format(
-             *(", ".join(f"{v:.3g}" for v in vs) for vs in zip(*((r, n, n / r) for n, r in dict(
-                 ratios(d, "grads")).items()))))),
+    *scale_hints("grads"),
     Hint(lambda d: "view" in d.path or d.observable == "alive" and "grads" in d.path and
          d.mine > d.want, "the shard returned is a slice (a view) of flat_grad, and a view keeps "
          "the unit's whole gradient alive: return a new tensor of flat_grad.numel() // N"),
