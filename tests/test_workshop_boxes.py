@@ -446,17 +446,17 @@ def _wildmatch(pattern: str, path: str) -> bool:
     out, i = "", 0
     while i < len(pattern):
         if pattern.startswith("**", i):
-            out += ".*"; i += 2
+            out, i = out + ".*", i + 2
         elif pattern[i] == "*":
-            out += "[^/]*"; i += 1
+            out, i = out + "[^/]*", i + 1
         elif pattern[i] == "?":
-            out += "[^/]"; i += 1
+            out, i = out + "[^/]", i + 1
         elif pattern[i] == "[":
             j = pattern.find("]", i)
             out += fnmatch.translate(pattern[i:j + 1])[4:-3] if j > 0 else re.escape("[")
             i = j + 1 if j > 0 else i + 1
         else:
-            out += re.escape(pattern[i]); i += 1
+            out, i = out + re.escape(pattern[i]), i + 1
     return re.fullmatch(out, path) is not None
 
 
