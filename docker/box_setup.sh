@@ -3,8 +3,9 @@
 # runs `setup` through sudo; docker/workshop.sh runs `add-key` and `check` over ssh).
 #
 #   box_setup.sh setup      the attendee login, the cluster user's home closed, the credentials
-#                           SkyPilot copied deleted, the metadata service and the box's own ports
-#                           closed to containers, the power-off at the deadline; one line for each
+#                           SkyPilot copied deleted, the metadata service, the box's own ports
+#                           and the private networks closed to containers, the power-off at the
+#                           deadline; one line for each
 #   box_setup.sh add-key    public keys on stdin (one a line, e.g. < team1.pub): each may only
 #                           forward one port to JupyterLab, as the user attendee
 #   box_setup.sh check      what `setup` ensures, one line each; exit status 1 if any is wrong
@@ -22,7 +23,9 @@
 # The containers (JupyterLab, where an attendee runs any code) are kept off the box itself: the
 # clouds' metadata service (an IAM role on AWS) and every new connection from a container to the
 # box's own addresses (sshd, SkyPilot's Ray on 6380 and 10001, ...) are refused by iptables; the
-# replies to the box's own connections (JupyterLab's published port) pass.
+# replies to the box's own connections (JupyterLab's published port) pass. So is every new
+# connection from a container to a private network (the cloud's VPC: the account's other boxes,
+# their sshd and Ray), but for DNS (port 53, the VPC's resolver); the internet stays open.
 #
 # CLUSTER_USER  the user SkyPilot runs as (default: the user who ran sudo, $SUDO_USER)
 # BOX_HOURS     hours from now to the box powering itself off (`shutdown -h`), a safety net
@@ -40,6 +43,11 @@ METADATA_V6=fd00:ec2::254/128   # AWS's, on IPv6
 # (br-<id>); from them, only replies to the box's own connections reach the box.
 CONTAINER_IFACES="docker0 br-+"
 HOST_RULE="-m conntrack ! --ctstate ESTABLISHED,RELATED -j REJECT"
+# The private networks (RFC 1918, the carrier-grade NAT range some clouds use, IPv6's unique local
+# addresses): where the account's other boxes live. A container may open no connection there.
+PRIVATE_V4="10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 100.64.0.0/10"
+PRIVATE_V6="fc00::/7"
+PRIVATE_RULE="-m conntrack --ctstate NEW -j REJECT"
 # Note: the only remote forward (-R) these options permit is port 1 of the loopback, which no user
 # but root can open: none. OpenSSH has no permitlisten="none" in authorized_keys (sshd refuses
 # the whole key: "bad key options: invalid permission port"); permitlisten needs OpenSSH >= 7.8.
@@ -168,6 +176,42 @@ host_rules() {  # tool, action (-C to check, -I to add) for each of Docker's net
     done
 }
 
+private_rules() {  # tool, action (-C, -I), networks: new connections to them refused
+    local tool="$1" action="$2" nets="$3" ifc net
+    for ifc in $CONTAINER_IFACES; do
+        for net in $nets; do
+            # shellcheck disable=SC2086  # PRIVATE_RULE is words
+            "$tool" "$action" DOCKER-USER -i "$ifc" -d "$net" $PRIVATE_RULE 2>/dev/null || return 1
+        done
+    done
+}
+
+dns_rules() {  # tool, action (-C, -I, -D), networks: DNS to them goes on to Docker's own rules
+    local tool="$1" action="$2" nets="$3" ifc net proto
+    for ifc in $CONTAINER_IFACES; do
+        for net in $nets; do
+            for proto in udp tcp; do
+                "$tool" "$action" DOCKER-USER -i "$ifc" -d "$net" -p "$proto" --dport 53 -j RETURN \
+                    2>/dev/null || [ "$action" = -D ] || return 1
+            done
+        done
+    done
+}
+
+close_private_networks() {  # tool, networks; idempotent, and DNS always above the refusal
+    local tool="$1" nets="$2" ifc net
+    for ifc in $CONTAINER_IFACES; do
+        for net in $nets; do
+            # shellcheck disable=SC2086  # PRIVATE_RULE is words
+            "$tool" -C DOCKER-USER -i "$ifc" -d "$net" $PRIVATE_RULE 2>/dev/null ||
+                "$tool" -I DOCKER-USER -i "$ifc" -d "$net" $PRIVATE_RULE
+        done
+    done
+    # Note: rules are inserted at the top; DNS's are taken out and put back above the refusals.
+    dns_rules "$tool" -D "$nets"
+    dns_rules "$tool" -I "$nets"
+}
+
 close_to_containers() {  # the metadata service (DOCKER-USER: forwarded) and the box (INPUT)
     if ! iptables -n -L DOCKER-USER >/dev/null 2>&1; then
         die "no iptables chain DOCKER-USER: is Docker running? (sudo systemctl start docker, then launch again); the containers could reach the metadata service"
@@ -179,6 +223,7 @@ close_to_containers() {  # the metadata service (DOCKER-USER: forwarded) and the
         # shellcheck disable=SC2086  # HOST_RULE is words
         iptables -C INPUT -i "$ifc" $HOST_RULE 2>/dev/null || iptables -I INPUT -i "$ifc" $HOST_RULE
     done
+    close_private_networks iptables "$PRIVATE_V4"
     local v6=""
     if has_ipv6; then
         ip6tables -C DOCKER-USER -d "$METADATA_V6" -j REJECT 2>/dev/null ||
@@ -187,9 +232,10 @@ close_to_containers() {  # the metadata service (DOCKER-USER: forwarded) and the
             # shellcheck disable=SC2086  # HOST_RULE is words
             ip6tables -C INPUT -i "$ifc" $HOST_RULE 2>/dev/null || ip6tables -I INPUT -i "$ifc" $HOST_RULE
         done
+        close_private_networks ip6tables "$PRIVATE_V6"
         v6=" and ${METADATA_V6%/128}"
     fi
-    say "closed to containers (iptables${v6:+, ip6tables}): the metadata service ${METADATA_V4%/32}$v6, and new connections to the box itself ($CONTAINER_IFACES)"
+    say "closed to containers (iptables${v6:+, ip6tables}): the metadata service ${METADATA_V4%/32}$v6, new connections to the box itself ($CONTAINER_IFACES) and to the private networks ($PRIVATE_V4${v6:+ $PRIVATE_V6}; DNS excepted)"
 }
 
 schedule_power_off() {
@@ -324,6 +370,16 @@ check() {
         say "ok   the containers cannot open connections to the box itself ($CONTAINER_IFACES)"
     else
         say "FAIL the containers can open connections to the box itself ($open: sshd, SkyPilot's Ray); run box_setup.sh setup"; bad=1
+    fi
+    open=""
+    { private_rules iptables -C "$PRIVATE_V4" && dns_rules iptables -C "$PRIVATE_V4"; } || open="IPv4"
+    if has_ipv6 && ! { private_rules ip6tables -C "$PRIVATE_V6" && dns_rules ip6tables -C "$PRIVATE_V6"; }; then
+        open="${open:+$open, }IPv6"
+    fi
+    if [ -z "$open" ]; then
+        say "ok   the containers cannot open connections to the private networks (the account's other boxes), DNS excepted"
+    else
+        say "FAIL the containers can open connections to the private networks ($open: the account's other boxes, their sshd and Ray), or their DNS is refused; run box_setup.sh setup"; bad=1
     fi
     exit "$bad"
 }

@@ -45,7 +45,11 @@ echo "$(basename "$0") $*" >> "$BOX_CALLS"
 case "$1" in
   -n) exit 0 ;;
   -C) shift; grep -qxF -- "$*" "$BOX_RULES.$(basename "$0")" 2>/dev/null; exit $? ;;
-  -I) shift; echo "$*" >> "$BOX_RULES.$(basename "$0")" ;;
+  -I) shift; printf '%s\n' "$*" | cat - "$BOX_RULES.$(basename "$0")" 2>/dev/null > "$BOX_RULES.tmp"
+      mv "$BOX_RULES.tmp" "$BOX_RULES.$(basename "$0")" ;;
+  -D) shift; grep -qxF -- "$*" "$BOX_RULES.$(basename "$0")" 2>/dev/null || exit 1
+      grep -vxF -- "$*" "$BOX_RULES.$(basename "$0")" > "$BOX_RULES.tmp"
+      mv "$BOX_RULES.tmp" "$BOX_RULES.$(basename "$0")" ;;
 esac
 """
 SHUTDOWN = """#!/bin/sh
@@ -171,12 +175,51 @@ true
     # Run again (a relaunch): the same state, no rule added twice.
     assert _setup(box, "setup", BOX_HOURS="5").returncode == 0
     assert (box / "rules.iptables").read_text().count("169.254.169.254") == 1
-    assert (box / "rules.iptables").read_text().count("-i docker0 ") == 1
+    assert (box / "rules.iptables").read_text().count("INPUT -i docker0 ") == 1
+    for tool, nets in PRIVATE.items():
+        rules = (box / f"rules.{tool}").read_text().splitlines()
+        assert len(rules) == len(set(rules)), f"{tool}: a rule added twice by the relaunch"
+        _assert_private_networks_closed(rules, tool, nets)
     check = _setup(box, "check")
     assert check.returncode == 0, check.stdout + check.stderr
-    assert check.stdout.count("box_setup: ok ") == 8, check.stdout
+    assert check.stdout.count("box_setup: ok ") == 9, check.stdout
+    assert "ok   the containers cannot open connections to the private networks" in check.stdout
     assert "ok   the metadata service fd00:ec2::254 (IPv6) is closed to containers" in check.stdout
     assert "ok   the containers cannot open connections to the box itself" in check.stdout
+
+
+PRIVATE = {"iptables": ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"),
+           "ip6tables": ("fc00::/7",)}
+
+
+def _assert_private_networks_closed(rules, tool, nets):
+    """In DOCKER-USER's order (first line first, as the stand-in inserts at the top): for each of
+    Docker's networks and each private network, DNS goes on (RETURN) before new connections are
+    refused, so a container still resolves names through the network's resolver."""
+    for ifc in ("docker0", "br-+"):
+        for net in nets:
+            refuse = f"DOCKER-USER -i {ifc} -d {net} -m conntrack --ctstate NEW -j REJECT"
+            assert refuse in rules, (tool, refuse)
+            for proto in ("udp", "tcp"):
+                dns = f"DOCKER-USER -i {ifc} -d {net} -p {proto} --dport 53 -j RETURN"
+                assert dns in rules and rules.index(dns) < rules.index(refuse), (tool, dns, rules)
+
+
+def test_private_networks_closed_to_containers_and_dns_stays_above(box):
+    """The account's other boxes (private addresses) are closed to the containers; a relaunch
+    after a refusal was lost puts it back without burying DNS below it."""
+    assert _setup(box, "setup").returncode == 0
+    rules_file = box / "rules.iptables"
+    kept = rules_file.read_text().splitlines()
+    lost = "DOCKER-USER -i docker0 -d 10.0.0.0/8 -m conntrack --ctstate NEW -j REJECT"
+    rules_file.write_text("".join(line + "\n" for line in kept if line != lost))
+    check = _setup(box, "check")
+    assert check.returncode == 1 and "FAIL the containers can open connections to the private " \
+        "networks (IPv4" in check.stdout, check.stdout
+    assert _setup(box, "setup").returncode == 0
+    for tool, nets in PRIVATE.items():
+        _assert_private_networks_closed((box / f"rules.{tool}").read_text().splitlines(), tool, nets)
+    assert _setup(box, "check").returncode == 0
 
 
 def test_check_fails_when_a_rule_is_missing(box):
@@ -184,8 +227,10 @@ def test_check_fails_when_a_rule_is_missing(box):
     assert _setup(box, "setup").returncode == 0
     for tool, gone, message in (
             ("ip6tables", "fd00:ec2::254", "can reach the metadata service fd00:ec2::254 (IPv6)"),
-            ("iptables", "-i br-+", "can open connections to the box itself (IPv4"),
-            ("ip6tables", "-i docker0", "can open connections to the box itself (IPv6")):
+            ("iptables", "INPUT -i br-+", "can open connections to the box itself (IPv4"),
+            ("ip6tables", "INPUT -i docker0", "can open connections to the box itself (IPv6"),
+            ("ip6tables", "-d fc00::/7 -p udp", "can open connections to the private networks (IPv6"),
+            ("iptables", "-d 192.168.0.0/16 -m conntrack", "can open connections to the private networks (IPv4")):
         rules = box / f"rules.{tool}"
         kept = rules.read_text()
         rules.write_text("".join(line + "\n" for line in kept.splitlines() if gone not in line))
