@@ -214,7 +214,8 @@ cmd_handout() {
     token=$(token_of "$dir" "$1")
     gpus=$(gpus_of "$dir" "$1")
     url=$(repository_url)
-    address=$(sky_ status --ip "$1" | tail -n 1 | tr -d '[:space:]')
+    address=$(sky_ status --ip "$1" | tail -n 1 | tr -d '[:space:]') ||
+        die "handout: sky status --ip $1 failed (above): is the box up? A deleted box has no address: $0 up $1, then the handout"
     case "$address" in
         "" | *[!0-9A-Za-z.:-]*) die "handout: sky status --ip $1 gave no address ('$address'): is the box up?" ;;
     esac

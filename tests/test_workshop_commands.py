@@ -350,7 +350,7 @@ def sky():
     if sub == "status":
         if "--ip" in args:
             name = args[args.index("--ip") + 1]
-            if name not in BOXES:
+            if name not in BOXES or (box_dir(name) / "deleted").exists():
                 fail(1, f"Cluster {name!r} not found")
             print(ADDRESS)
         sys.exit(0)
@@ -716,6 +716,18 @@ def test_handout_fills_in_the_teams_address_and_token_and_keeps_it_private(world
     assert world.bash(line).returncode == 0
     assert world.bash(f"ssh attendee@{ADDRESS}").stdout.strip() == "This account is currently not available."
     assert world.bash(f"ssh -N -L 8888:localhost:22 attendee@{ADDRESS}").returncode == 1
+
+
+def test_the_handout_of_a_deleted_box_says_why_there_is_none(world):
+    """sky status --ip fails for a box that was taken down: the handout says so and what to run,
+    and writes no page with an old address."""
+    assert world.workshop("up", "team1").returncode == 0
+    assert world.workshop("down", "team1").returncode == 0
+    done = world.workshop("handout", "team1")
+    assert done.returncode != 0
+    assert "handout: sky status --ip team1 failed" in done.stderr and "up team1" in done.stderr, \
+        done.stderr
+    assert not (world.workshop_dir / "handouts" / "team1.md").exists()
 
 
 def test_check_and_gpu_check_quote_their_remote_commands_for_the_box(world):
