@@ -9,6 +9,7 @@
 #   box_setup.sh add-key    public keys on stdin (one a line, e.g. < team1.pub): each may only
 #                           forward one port to JupyterLab, as the user attendee
 #   box_setup.sh check      what `setup` ensures, one line each; exit status 1 if any is wrong
+#   box_setup.sh boot       run at every start by the unit `setup` installs: what a reboot loses
 #
 # The attendees' login is the user `attendee`: no password, the shell nologin, in no group but
 # its own (never docker, which is root on the box, nor sudo), and each of its keys limited by
@@ -20,12 +21,11 @@
 # (~/.sky, ~/sky_logs: JupyterLab's log, with the team's token in its URLs), the synced
 # repository and whatever you copy there.
 #
-# The containers (JupyterLab, where an attendee runs any code) are kept off the box itself: the
-# clouds' metadata service (an IAM role on AWS) and every new connection from a container to the
-# box's own addresses (sshd, SkyPilot's Ray on 6380 and 10001, ...) are refused by iptables; the
-# replies to the box's own connections (JupyterLab's published port) pass. So is every new
-# connection from a container to a private network (the cloud's VPC: the account's other boxes,
-# their sshd and Ray), but for DNS (port 53, the VPC's resolver); the internet stays open.
+# The containers are kept off the metadata service, the box itself and the private networks by
+# box_firewall.sh. A reboot (the cloud's maintenance, sky stop and start) loses iptables rules
+# and a pending shutdown: box_boot.sh has `setup` install this script as a systemd service,
+# fsdp-mini-box, that at every boot adds the rules again, deletes credentials copied again and
+# powers the box off at the same deadline (at once if it has passed). Both are sourced here.
 #
 # CLUSTER_USER  the user SkyPilot runs as (default: the user who ran sudo, $SUDO_USER)
 # BOX_HOURS     hours from now to the box powering itself off (`shutdown -h`), a safety net
@@ -33,21 +33,16 @@
 # LAB_PORT      the box's port of JupyterLab, the only one the attendees may reach (8888)
 # BOX_ROOT      tests only: a folder standing in for / (its etc/passwd, etc/group, home/...);
 #               useradd and usermod then work there (--prefix), nothing outside it is changed
-#               but through the commands iptables and shutdown, which the tests replace
+#               but through the commands iptables, shutdown and systemctl, which the tests
+#               replace
 set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=box_firewall.sh source-path=SCRIPTDIR
+. "$here/box_firewall.sh"
+# shellcheck source=box_boot.sh source-path=SCRIPTDIR
+. "$here/box_boot.sh"
 
 ATTENDEE=attendee
-METADATA_V4=169.254.169.254/32  # the clouds' instance metadata service (AWS, Google, Azure...)
-METADATA_V6=fd00:ec2::254/128   # AWS's, on IPv6
-# Docker's networks on the box: the default bridge (docker/sky.yaml's container) and compose's
-# (br-<id>); from them, only replies to the box's own connections reach the box.
-CONTAINER_IFACES="docker0 br-+"
-HOST_RULE="-m conntrack ! --ctstate ESTABLISHED,RELATED -j REJECT"
-# The private networks (RFC 1918, the carrier-grade NAT range some clouds use, IPv6's unique local
-# addresses): where the account's other boxes live. A container may open no connection there.
-PRIVATE_V4="10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 100.64.0.0/10"
-PRIVATE_V6="fc00::/7"
-PRIVATE_RULE="-m conntrack --ctstate NEW -j REJECT"
 # Note: the only remote forward (-R) these options permit is port 1 of the loopback, which no user
 # but root can open: none. OpenSSH has no permitlisten="none" in authorized_keys (sshd refuses
 # the whole key: "bad key options: invalid permission port"); permitlisten needs OpenSSH >= 7.8.
@@ -166,93 +161,6 @@ privileged_groups_of() {
     echo "${found# }"
 }
 
-has_ipv6() { ip6tables -n -L DOCKER-USER >/dev/null 2>&1; }  # Docker with IPv6 rules
-
-host_rules() {  # tool, action (-C to check, -I to add) for each of Docker's networks
-    local tool="$1" action="$2" ifc
-    for ifc in $CONTAINER_IFACES; do
-        # shellcheck disable=SC2086  # HOST_RULE is words
-        "$tool" "$action" INPUT -i "$ifc" $HOST_RULE 2>/dev/null || return 1
-    done
-}
-
-private_rules() {  # tool, action (-C, -I), networks: new connections to them refused
-    local tool="$1" action="$2" nets="$3" ifc net
-    for ifc in $CONTAINER_IFACES; do
-        for net in $nets; do
-            # shellcheck disable=SC2086  # PRIVATE_RULE is words
-            "$tool" "$action" DOCKER-USER -i "$ifc" -d "$net" $PRIVATE_RULE 2>/dev/null || return 1
-        done
-    done
-}
-
-dns_rules() {  # tool, action (-C, -I, -D), networks: DNS to them goes on to Docker's own rules
-    local tool="$1" action="$2" nets="$3" ifc net proto
-    for ifc in $CONTAINER_IFACES; do
-        for net in $nets; do
-            for proto in udp tcp; do
-                "$tool" "$action" DOCKER-USER -i "$ifc" -d "$net" -p "$proto" --dport 53 -j RETURN \
-                    2>/dev/null || [ "$action" = -D ] || return 1
-            done
-        done
-    done
-}
-
-close_private_networks() {  # tool, networks; idempotent, and DNS always above the refusal
-    local tool="$1" nets="$2" ifc net
-    for ifc in $CONTAINER_IFACES; do
-        for net in $nets; do
-            # shellcheck disable=SC2086  # PRIVATE_RULE is words
-            "$tool" -C DOCKER-USER -i "$ifc" -d "$net" $PRIVATE_RULE 2>/dev/null ||
-                "$tool" -I DOCKER-USER -i "$ifc" -d "$net" $PRIVATE_RULE
-        done
-    done
-    # Note: rules are inserted at the top; DNS's are taken out and put back above the refusals.
-    dns_rules "$tool" -D "$nets"
-    dns_rules "$tool" -I "$nets"
-}
-
-close_to_containers() {  # the metadata service (DOCKER-USER: forwarded) and the box (INPUT)
-    if ! iptables -n -L DOCKER-USER >/dev/null 2>&1; then
-        die "no iptables chain DOCKER-USER: is Docker running? (sudo systemctl start docker, then launch again); the containers could reach the metadata service"
-    fi
-    iptables -C DOCKER-USER -d "$METADATA_V4" -j REJECT 2>/dev/null ||
-        iptables -I DOCKER-USER -d "$METADATA_V4" -j REJECT
-    local ifc
-    for ifc in $CONTAINER_IFACES; do
-        # shellcheck disable=SC2086  # HOST_RULE is words
-        iptables -C INPUT -i "$ifc" $HOST_RULE 2>/dev/null || iptables -I INPUT -i "$ifc" $HOST_RULE
-    done
-    close_private_networks iptables "$PRIVATE_V4"
-    local v6=""
-    if has_ipv6; then
-        ip6tables -C DOCKER-USER -d "$METADATA_V6" -j REJECT 2>/dev/null ||
-            ip6tables -I DOCKER-USER -d "$METADATA_V6" -j REJECT
-        for ifc in $CONTAINER_IFACES; do
-            # shellcheck disable=SC2086  # HOST_RULE is words
-            ip6tables -C INPUT -i "$ifc" $HOST_RULE 2>/dev/null || ip6tables -I INPUT -i "$ifc" $HOST_RULE
-        done
-        close_private_networks ip6tables "$PRIVATE_V6"
-        v6=" and ${METADATA_V6%/128}"
-    fi
-    say "closed to containers (iptables${v6:+, ip6tables}): the metadata service ${METADATA_V4%/32}$v6, new connections to the box itself ($CONTAINER_IFACES) and to the private networks ($PRIVATE_V4${v6:+ $PRIVATE_V6}; DNS excepted)"
-}
-
-schedule_power_off() {
-    local hours="${BOX_HOURS:-12}"
-    case "$hours" in
-        "" | *[!0-9]* | ???*) die "BOX_HOURS is '$hours': give whole hours from 0 to 72 (0: no power-off)" ;;
-    esac
-    [ "$hours" -le 72 ] || die "BOX_HOURS is '$hours': give whole hours from 0 to 72 (0: no power-off)"
-    if [ "$hours" = 0 ]; then
-        shutdown -c 2>/dev/null || true
-        say "power-off: none (BOX_HOURS=0): delete the box with docker/workshop.sh down"
-        return
-    fi
-    shutdown -h "+$((hours * 60))" "fsdp-mini workshop box: its deadline (BOX_HOURS=$hours)"
-    say "power-off in $hours h ($(date -u -d "+$hours hours" '+%Y-%m-%d %H:%M UTC' 2>/dev/null || echo "+$hours h")): docker/workshop.sh down deletes it before"
-}
-
 setup() {
     need_root setup
     local user
@@ -262,6 +170,19 @@ setup() {
     remove_credentials "$user"
     close_to_containers
     schedule_power_off
+    install_boot "$user"
+}
+
+boot() {  # run by the unit at every start: what a reboot loses, again
+    need_root boot
+    local user
+    user=$(cat "$(state_dir)/cluster_user" 2>/dev/null) || die "no $(state_dir)/cluster_user: run box_setup.sh setup first"
+    CLUSTER_USER="$user"
+    user=$(cluster_user)
+    close_home "$user"
+    remove_credentials "$user"
+    close_to_containers
+    power_off_at_deadline
 }
 
 add_key() {
@@ -351,36 +272,8 @@ check() {
     else
         say "FAIL $ATTENDEE has $unrestricted key(s) without the tunnel-only options"; bad=1
     fi
-    if iptables -C DOCKER-USER -d "$METADATA_V4" -j REJECT 2>/dev/null; then
-        say "ok   the metadata service ${METADATA_V4%/32} is closed to containers"
-    else
-        say "FAIL the containers can reach the metadata service ${METADATA_V4%/32}"; bad=1
-    fi
-    if ! has_ipv6; then
-        say "ok   no IPv6 in Docker's rules (ip6tables has no DOCKER-USER): nothing more to close"
-    elif ip6tables -C DOCKER-USER -d "$METADATA_V6" -j REJECT 2>/dev/null; then
-        say "ok   the metadata service ${METADATA_V6%/128} (IPv6) is closed to containers"
-    else
-        say "FAIL the containers can reach the metadata service ${METADATA_V6%/128} (IPv6)"; bad=1
-    fi
-    local open=""
-    host_rules iptables -C || open="IPv4"
-    if has_ipv6 && ! host_rules ip6tables -C; then open="${open:+$open, }IPv6"; fi
-    if [ -z "$open" ]; then
-        say "ok   the containers cannot open connections to the box itself ($CONTAINER_IFACES)"
-    else
-        say "FAIL the containers can open connections to the box itself ($open: sshd, SkyPilot's Ray); run box_setup.sh setup"; bad=1
-    fi
-    open=""
-    { private_rules iptables -C "$PRIVATE_V4" && dns_rules iptables -C "$PRIVATE_V4"; } || open="IPv4"
-    if has_ipv6 && ! { private_rules ip6tables -C "$PRIVATE_V6" && dns_rules ip6tables -C "$PRIVATE_V6"; }; then
-        open="${open:+$open, }IPv6"
-    fi
-    if [ -z "$open" ]; then
-        say "ok   the containers cannot open connections to the private networks (the account's other boxes), DNS excepted"
-    else
-        say "FAIL the containers can open connections to the private networks ($open: the account's other boxes, their sshd and Ray), or their DNS is refused; run box_setup.sh setup"; bad=1
-    fi
+    check_firewall || bad=1
+    check_boot || bad=1
     exit "$bad"
 }
 
@@ -388,5 +281,6 @@ case "${1:-}" in
     setup) setup ;;
     add-key) add_key ;;
     check) check ;;
-    *) die "usage: box_setup.sh setup | add-key < keys.pub | check (got '${1:-}')" ;;
+    boot) boot ;;
+    *) die "usage: box_setup.sh setup | add-key < keys.pub | check | boot (got '${1:-}')" ;;
 esac

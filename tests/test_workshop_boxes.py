@@ -21,6 +21,7 @@ import fnmatch
 import json
 import os
 import pwd
+import re
 import shutil
 import socket
 import stat
@@ -54,6 +55,14 @@ esac
 """
 SHUTDOWN = """#!/bin/sh
 echo "shutdown $*" >> "$BOX_CALLS"
+"""
+# systemctl remembers the units enabled (is-enabled answers from them), as a reboot keeps them.
+SYSTEMCTL = """#!/bin/sh
+echo "systemctl $*" >> "$BOX_CALLS"
+case "$1" in
+  enable) echo "$2" >> "$BOX_RULES.units" ;;
+  is-enabled) grep -qxF -- "$3" "$BOX_RULES.units" 2>/dev/null; exit $? ;;
+esac
 """
 
 
@@ -93,7 +102,8 @@ def box():
             os.chown(p, uid, uid)
         bin_dir = root / "stand-in-bin"
         bin_dir.mkdir()
-        for name, text in (("iptables", IPTABLES), ("ip6tables", IPTABLES), ("shutdown", SHUTDOWN)):
+        for name, text in (("iptables", IPTABLES), ("ip6tables", IPTABLES), ("shutdown", SHUTDOWN),
+                           ("systemctl", SYSTEMCTL)):
             (bin_dir / name).write_text(text)
             (bin_dir / name).chmod(0o755)
         yield root
@@ -113,11 +123,12 @@ def _groups_of(root: Path, user: str) -> list[str]:
             if user in line.split(":")[3].split(",")]
 
 
-def _setup(root: Path, *args: str, stdin: str | None = None, **env) -> subprocess.CompletedProcess:
+def _setup(root: Path, *args: str, stdin: str | None = None, script: Path = None,
+           **env) -> subprocess.CompletedProcess:
     run_env = {**os.environ, "BOX_ROOT": str(root), "CLUSTER_USER": "ubuntu",
                "PATH": f"{root / 'stand-in-bin'}{os.pathsep}{os.environ['PATH']}",
                "BOX_CALLS": str(root / "calls"), "BOX_RULES": str(root / "rules"), **env}
-    return subprocess.run(["bash", str(BOX_SETUP), *args], env=run_env, input=stdin,
+    return subprocess.run(["bash", str(script or BOX_SETUP), *args], env=run_env, input=stdin,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -135,7 +146,7 @@ def test_the_attendee_login_cannot_read_the_cluster_users_home(box):
     done = _setup(box, "setup", BOX_HOURS="5")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert len(lines) == 5 and all(line.startswith("box_setup: ") for line in lines), lines
+    assert len(lines) == 6 and all(line.startswith("box_setup: ") for line in lines), lines
     attendee = _passwd(box, "attendee")
     assert attendee[6] in ("/usr/sbin/nologin", "/sbin/nologin"), attendee
     assert _groups_of(box, "attendee") == [], "the attendee is in no group but its own"
@@ -182,7 +193,7 @@ true
         _assert_private_networks_closed(rules, tool, nets)
     check = _setup(box, "check")
     assert check.returncode == 0, check.stdout + check.stderr
-    assert check.stdout.count("box_setup: ok ") == 9, check.stdout
+    assert check.stdout.count("box_setup: ok ") == 11, check.stdout
     assert "ok   the containers cannot open connections to the private networks" in check.stdout
     assert "ok   the metadata service fd00:ec2::254 (IPv6) is closed to containers" in check.stdout
     assert "ok   the containers cannot open connections to the box itself" in check.stdout
@@ -220,6 +231,63 @@ def test_private_networks_closed_to_containers_and_dns_stays_above(box):
     for tool, nets in PRIVATE.items():
         _assert_private_networks_closed((box / f"rules.{tool}").read_text().splitlines(), tool, nets)
     assert _setup(box, "check").returncode == 0
+
+
+def _reboot(box: Path, hours_later: float = 0) -> subprocess.CompletedProcess:
+    """A reboot: iptables' rules and the pending shutdown are gone, files and enabled units stay;
+    then what systemd runs at boot, the unit's own ExecStart (the installed copy, under BOX_ROOT),
+    with the clock `hours_later` than now (faketime-free: the deadline on record moved back)."""
+    for tool in ("iptables", "ip6tables"):
+        (box / f"rules.{tool}").unlink(missing_ok=True)
+    (box / "calls").write_text("")
+    deadline = box / "etc" / "fsdp-mini-box" / "deadline"
+    if hours_later and deadline.read_text().strip().isdigit():
+        deadline.write_text(f"{int(deadline.read_text()) - int(hours_later * 3600)}\n")
+    unit = (box / "etc" / "systemd" / "system" / "fsdp-mini-box.service").read_text()
+    assert "fsdp-mini-box.service" in (box / "rules.units").read_text(), "the unit is not enabled"
+    command = re.search(r"^ExecStart=(.*)$", unit, re.M)[1].split()
+    assert command[:2] == ["/bin/bash", "/usr/local/lib/fsdp-mini-box/box_setup.sh"], command
+    installed = box / command[1].lstrip("/")
+    return _setup(box, command[2], script=installed)
+
+
+def test_a_reboot_puts_the_rules_the_credentials_and_the_same_deadline_back(box):
+    """Rules and a pending shutdown live in the kernel: after a reboot the unit adds the rules
+    again from the installed copy (not the synced folder), deletes credentials copied again, and
+    powers off at the deadline setup set: the time left, or at once when it has passed."""
+    assert _setup(box, "setup", BOX_HOURS="5").returncode == 0
+    assert "systemctl enable fsdp-mini-box.service" in (box / "calls").read_text()
+    home = box / "home" / "ubuntu"
+    (home / ".aws").mkdir(exist_ok=True)
+    (home / ".aws" / "credentials").write_text("copied again by a restart")
+    done = _reboot(box, hours_later=2)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not (home / ".aws" / "credentials").exists()
+    calls = (box / "calls").read_text().splitlines()
+    assert "iptables -I DOCKER-USER -d 169.254.169.254/32 -j REJECT" in calls
+    for tool, nets in PRIVATE.items():
+        _assert_private_networks_closed((box / f"rules.{tool}").read_text().splitlines(), tool, nets)
+    (shutdown,) = [c for c in calls if c.startswith("shutdown -h")]
+    minutes = int(re.match(r"shutdown -h \+(\d+) ", shutdown)[1])
+    assert 178 <= minutes <= 181, f"3 h were left of 5, not {minutes} min: {shutdown}"
+    assert _setup(box, "check").returncode == 0
+    # Past the deadline (down was forgotten, the box came back): off at once.
+    done = _reboot(box, hours_later=4)
+    assert done.returncode == 0, done.stderr
+    assert any(c.startswith("shutdown -h now") for c in (box / "calls").read_text().splitlines())
+
+
+def test_check_fails_without_the_boot_unit_or_a_deadline(box):
+    assert _setup(box, "setup", BOX_HOURS="0").returncode == 0
+    check = _setup(box, "check")
+    assert check.returncode == 0 and "ok   power-off: none on record (BOX_HOURS=0)" in check.stdout
+    (box / "rules.units").write_text("")
+    check = _setup(box, "check")
+    assert check.returncode == 1 and "FAIL fsdp-mini-box.service is not enabled" in check.stdout
+    assert _setup(box, "setup", BOX_HOURS="3").returncode == 0
+    (box / "etc" / "fsdp-mini-box" / "deadline").unlink()
+    check = _setup(box, "check")
+    assert check.returncode == 1 and "FAIL no power-off deadline on record" in check.stdout
 
 
 def test_check_fails_when_a_rule_is_missing(box):

@@ -102,10 +102,14 @@ def test_the_safety_it_claims_is_what_box_setup_does(guide):
     assert 'permitlisten="127.0.0.1:1"' in guide
     assert "permitlisten=\"none\"" not in setup.split("\n# Note:")[0], "sshd refuses such a key"
     # The containers off the box's own ports and the metadata service, on IPv4 and IPv6.
-    assert "INPUT -i" in setup and "ESTABLISHED,RELATED" in setup
-    assert "ip6tables -C DOCKER-USER -d \"$METADATA_V6\"" in setup.split("\ncheck() {")[1], \
+    firewall = (BOX_SETUP.parent / "box_firewall.sh").read_text()
+    assert ". \"$here/box_firewall.sh\"" in setup, "box_setup.sh sources its firewall"
+    assert "INPUT -i" in firewall and "ESTABLISHED,RELATED" in firewall
+    assert "ip6tables -C DOCKER-USER -d \"$METADATA_V6\"" in firewall.split("\ncheck_firewall() {")[1], \
         "check reads the IPv6 metadata rule back"
-    for said in ("the box's own ports", "6380", "10001", "IPv4 and IPv6"):
+    assert "check_firewall" in setup.split("\ncheck() {")[1]
+    for said in ("the box's own ports", "6380", "10001", "IPv4 and IPv6", "private networks",
+                 "fsdp-mini-box.service"):
         assert said in guide, said
     assert "was not tried on a cloud box" in guide, "what the tests did not prove, said"
     # The home is closed for what it still holds, not for the key it no longer holds.
