@@ -95,7 +95,7 @@ def test_the_reference_solution_passes_in_ci(monkeypatch):
     monkeypatch.setenv("CI", "true")
     result = labs.check_peak_predictor(labs.load_solution("01_predict_peak", "predict_peak"))
     assert result.passed, str(result)
-    assert "36 configurations" in str(result)
+    assert "48 configurations" in str(result)
     (case,) = result.facts["cases"]
     assert case["predicted"] >= case["peak"]  # the planner's sum bounds the real peak
     assert f"{case['what']}: your bound" in str(result) and "above the measured peak" in str(result)

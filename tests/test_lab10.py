@@ -28,7 +28,7 @@ def complaint(fn) -> str:
 
 def test_the_reference_port_passes_on_every_configuration():
     result = labs.check_port_to_fsdp2(port)
-    assert result.passed and result.facts["configurations"] == 10, str(result)
+    assert result.passed and result.facts["configurations"] == 11, str(result)  # 10, and one with lr=0.02
     records = result.facts["records"]
     mine = next(m for c, (m, _) in records.items() if c["world_size"] == 4 and c["dtype"] == "bf16")
     assert mine.get("units", step=0) == "the root, blocks.0, blocks.1"

@@ -6,7 +6,7 @@
     msgs.finish()                         # the last step is over
     msgs.log      # [{"op": "send", "step": 1, "peer": "rank 1", "part": "chunk 0, elements
                   #   0-3", "dtype": "float32", "waited": True}, {"op": "recv", ..., "into":
-                  #   "4 elements"}]: words, not numbers to take ratios of
+                  #   "4 elements", "dtype": "float32"}]: words, not numbers to take ratios of
 
 Each message names which of ``parts`` it is: by where it lies in ``tensor``, or, for a copy, by
 what it holds (a copy of chunk 2 is chunk 2). Step k of a rank is its k-th send and k-th recv;
@@ -87,7 +87,8 @@ class Messages:
         self._step(self.recvs)
         self.recvs += 1
         self.log.append({"op": "recv", "step": self.recvs, "peer": f"rank {frm}",
-                         "into": f"{tensor.numel()} element{'s' * (tensor.numel() != 1)}"})
+                         "into": f"{tensor.numel()} element{'s' * (tensor.numel() != 1)}",
+                         "dtype": str(tensor.dtype)[6:]})
         dist.irecv(head, frm, tag=self.tag + 1).wait()
         landing = torch.empty(int(head[0]), dtype=DTYPES[int(head[1])])
         dist.irecv(landing.view(torch.uint8), frm, tag=self.tag).wait()

@@ -27,9 +27,13 @@ def units(model) -> dict:
     """Every FSDP unit of ``model`` (``isinstance(m, FSDPModule)``), by name ("the root" for the
     model itself): the dtypes it computes and reduces in (its MixedPrecisionPolicy's, None read
     as FSDP2 reads it: param_dtype the parameters' own, reduce_dtype param_dtype), the policy's
-    other fields, and whether it reshards after forward."""
+    other fields, whether it reshards after forward, and which other modules share its unit
+    (``fully_shard([a, b])``)."""
     from torch.distributed.fsdp import FSDPModule
-    out = {}
+    out, states = {}, {}
+    for name, module in model.named_modules():
+        if isinstance(module, FSDPModule):
+            states.setdefault(id(module._get_fsdp_state()), []).append(name or "the root")
     for name, module in model.named_modules():
         if isinstance(module, FSDPModule):
             state = module._get_fsdp_state()
@@ -39,9 +43,12 @@ def units(model) -> dict:
             seen = {f.name: getattr(policy, f.name) for f in dataclasses.fields(policy)}
             seen["param_dtype"] = seen["param_dtype"] or own
             seen["reduce_dtype"] = seen["reduce_dtype"] or seen["param_dtype"]
+            # Note: fully_shard([a, b]) makes a and b one unit: one state, one all-gather
+            together = [n for n in states[id(state)] if n != (name or "the root")]
             out[name or "the root"] = {**{k: _shown(v) for k, v in seen.items()},
                                        "reshard_after_forward": group is not None and
-                                       group.post_forward_mesh_info is not None}
+                                       group.post_forward_mesh_info is not None,
+                                       "one unit with": ", ".join(together) or "none"}
     return out
 
 

@@ -126,8 +126,18 @@ def ratio(mine, want, tol: float = 1e-4):
 
 
 def scale(found: list) -> str:
-    """From (N, ratio) pairs at N > 1: "N times" or "1/N of" where the ratio is N or 1/N at every
-    N, "0.5x" where it is one number at every N, else ""."""
+    """From (N, ratio) pairs: "N/2 times" where the ratio is N/k for one k at every N (1 included:
+    the sum divided by a fixed k); at N > 1, "N times" or "1/N of" where the ratio is N or 1/N
+    at every N, "0.5x" where it is one number at every N, else ""."""
+    every = [(n, r) for n, r in found if r]
+    k = every[0][0] / every[0][1] if every else 0
+    if len(every) > 2 and len(every) == len(found) and not math.isclose(k, 1, rel_tol=1e-3) and all(
+            math.isclose(n / r, k, rel_tol=0.02) for n, r in every):
+        return f"N/{k:.3g} times"  # Note: the sum over ranks divided by a fixed k, not by N
+    c = every[0][0] * every[0][1] if every else 0
+    if len(every) > 2 and len(every) == len(found) and not math.isclose(c, 1, rel_tol=1e-3) and all(
+            math.isclose(n * r, c, rel_tol=0.02) for n, r in every):
+        return f"{c:.3g}/N times"  # Note: a factor that shrinks as N grows: per-rank counts
     found = [(n, r) for n, r in found if n > 1]
     if len(found) < 2 or any(r is None or math.isclose(r, 1, rel_tol=1e-3) for _, r in found):
         return ""

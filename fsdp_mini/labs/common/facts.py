@@ -126,3 +126,13 @@ def terms_words(fit: dict, model: dict) -> str:
         f"{k} x{v:g}" + (f" (the model: x{model.get(k, 0):g}{': ' * bool(u)}{u})"
                          if abs(v - model.get(k, 0)) > 1e-3 else "")
         for k, v in fit.items() if abs(v) > 1e-3 or k in model for u in [unit_words(v)])
+
+
+def only_at_two_words(what: str) -> str:
+    """The words for an answer right at 2 ranks only, where (N−1)/N = 1/2 and N − 1 = 1."""
+    return (f"right only at world size 2, where (N−1)/N = 1/2 and N − 1 = 1: {what} written for "
+            "2 ranks must follow world_size (N)")
+
+
+def right_only_at_two(d) -> bool:
+    return right_only_with(d, "world_size", lambda v: v == 2)

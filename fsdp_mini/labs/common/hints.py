@@ -92,16 +92,45 @@ DTYPE = Hint(lambda d: d.only_where(lambda c: c.get("dtype", "float32") != "floa
              f"dtype=flat.dtype, device=flat.device), and bytes from element_size() (2 B in "
              f"bfloat16, 4 in float32), never a fixed 4")
 
+ROUNDING = Hint(lambda d: d.ratio is not None and abs(d.ratio - 1) < 0.01 and all(
+    c.get("dtype") == "bfloat16" for c in d.differ) and d.differ, "yours differs from the "
+    "reference by less than 1 %, in bfloat16 only: the same numbers rounded in another order "
+    "(each bfloat16 operation rounds to 8 bits). Do the operations in the reference's order: "
+    "reduce first, then divide the result in place, with no tensors in between")
+
+def _count(d, of: int, op: str = "broadcast") -> int:
+    """How many ``op`` collectives yours (of=0) or the reference's (of=1) made there."""
+    return sum(1 for r in (d.whole[of] or ()) if r[0] == op)
+
+
+def _more(d) -> int:
+    """How many bytes more than the reference's yours holds (0 if not more, or not numbers)."""
+    return d.mine - d.want if isinstance(d.mine, int) and isinstance(d.want, int) and \
+        d.mine > d.want else 0
+
+
 TRAINING_HINTS = [
     DTYPE,
+    ROUNDING,
     Hint(lambda d: _raised(d, "a hang", "Mismatch"), HANG),
     Hint(lambda d: _raised(d, "None"), "something was still None: a gradient is there only once "
          "autograd has made it (register_post_accumulate_grad_hook; a bucket once every "
          "gradient in it has arrived)"),
     Hint(lambda d: d.observable == "start", "every rank must start from rank 0's weights: "
          "broadcast each parameter from rank 0 when wrapping (comm.broadcast(p.data, src=0))"),
+    Hint(lambda d: d.observable == "ledger" and d.where.get("step") == 0, lambda d: "wrapping "
+         "sends each parameter once, a broadcast from rank 0: " + (
+             f"yours made {_count(d, 0)} broadcasts where the reference makes {_count(d, 1)}: "
+             "every parameter, biases and norms included" if _count(d, 0) < _count(d, 1) else
+             f"yours made {_count(d, 0)} broadcasts where the reference makes {_count(d, 1)} "
+             "(named_parameters() gives a tied weight once; state_dict() names it twice)"
+             if _count(d, 0) > _count(d, 1) else "yours sent other collectives, or other sizes")),
     Hint(lambda d: d.observable == "alive" and d.grows, "more memory stays alive after every "
          "step: something keeps each step's tensors (a list or a cache never emptied?)"),
+    Hint(lambda d: d.observable == "alive" and _more(d), lambda d: f"after the step "
+         f"{_more(d):,} B more of {d.path} are alive than in the reference: a tensor kept on "
+         "self (a buffer kept for the next step, or the last step's flat tensor) holds them; "
+         "keep no reference once its values are copied back"),
     Hint(lambda d: d.observable == "ledger" and not d.whole[0], "nothing went through comm: the "
          "kit's ledger counts what goes through the comm it gives you (comm.all_reduce, not "
          "dist.all_reduce)"),

@@ -90,12 +90,16 @@ def runs_of(cfg, rank: int):
 
 def observe_training(record, net, optimizer, batch, steps: int, loss=mse,
                      each_step=lambda step: None) -> None:
-    """Train ``steps`` steps; record the start, and per step the loss, the weights once backward
+    """Train ``steps`` steps; record what wrapping sent (the ledger at step 0), the start, and
+    per step the loss, the weights once backward
     is over (only the optimizer may change them), the gradients the optimizer is about to apply,
     the step's collectives and every whole weight after the step."""
     from ...api import full_state_dict
-    record.see("start", full_state_dict(net), step=0)
     ledger = ledger_of(net)
+    if ledger is not None:  # Note: what wrapping sent (rank 0's weights to every rank)
+        record.see("ledger", tuple(sorted((r.op, r.payload_bytes, r.group)
+                                          for r in ledger.records)), step=0)
+    record.see("start", full_state_dict(net), step=0)
     for step in range(1, steps + 1):
         each_step(step)
         x, y = batch(step)
@@ -146,8 +150,8 @@ def observe_memory(record, net, optimizer, batch, steps: int, loss=mse,
                    before_zero_grad: bool = False, also: dict | None = None) -> None:
     """Train ``steps`` steps under ``track_memory``; record per step the bytes at the step's
     peak, and by category what is still alive once it is over (kept references show there):
-    after ``zero_grad``, or with ``before_zero_grad`` once the update is done (a sharded
-    strategy's gradient shards still there). ``also``: {observable: fn(tracker)}, each recorded
+    after ``zero_grad`` ("alive"), or with ``before_zero_grad`` once the update is done (a sharded
+    strategy's gradient shards still there: "alive") and after ``zero_grad`` ("between steps"). ``also``: {observable: fn(tracker)}, each recorded
     per step too. Note: the peak as one number: which category a tensor counts in is settled
     when the tracker next looks, so a breakdown *at* the peak moves with the backend's timing;
     the total does not."""
@@ -161,8 +165,8 @@ def observe_memory(record, net, optimizer, batch, steps: int, loss=mse,
                 record.see("alive", settled(mem), step=step)
             optimizer.zero_grad()
             record.see("peak", mem.own_peak_bytes, step=step)
-            if not before_zero_grad:
-                record.see("alive", settled(mem), step=step)
+            # Note: between two steps, after zero_grad, nothing of a step's gradients is left
+            record.see("between steps" if before_zero_grad else "alive", settled(mem), step=step)
             for name, read in (also or {}).items():
                 record.see(name, read(mem), step=step)
 

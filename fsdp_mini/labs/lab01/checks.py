@@ -10,6 +10,8 @@ Everything runs in the calling process: one device needs no ranks.
 
 from __future__ import annotations
 
+import math
+
 from ...models import GPTConfig, make_model
 from ...telemetry.units import fmt_bytes
 from ..common.differential import Check, Hint, near, spread
@@ -29,8 +31,12 @@ UNITS = {0.5: "2 bytes per value: this step is fp32, 4 bytes each", 8: "bits, no
          2**-10: "KiB, not bytes", 2**-20: "MiB, not bytes", 2**-30: "GiB, not bytes"}
 
 
+LEFT_OUT = "left out"  # the call without an optimizer: the signature's default ('adam')
+
+
 def _predict(fn, cfg, record) -> None:
-    value = fn(cfg["n_params"], cfg["activation_bytes"], cfg["optimizer"])
+    args = (cfg["n_params"], cfg["activation_bytes"])
+    value = fn(*args) if cfg["optimizer"] == LEFT_OUT else fn(*args, cfg["optimizer"])
     if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
         value = value.item()
     record.see("bound", value)
@@ -41,7 +47,8 @@ def _per_parameter(d) -> dict:
     activations (the model state): {"sgd": 0.0, "momentum": -4.0, ...}."""
     out = {}
     for cfg, m, w in d.pairs("bound"):
-        if cfg["activation_bytes"] == 0 and cfg["n_params"] >= 1000 and _number(m):
+        if cfg["activation_bytes"] == 0 and cfg["n_params"] >= 1000 and _number(m) and \
+                cfg["optimizer"] != LEFT_OUT:
             out.setdefault(cfg["optimizer"], (m - w) / cfg["n_params"])
     return out
 
@@ -92,6 +99,19 @@ def _activation_words(d) -> str:
             "at once: the model state, and the activations once")
 
 
+def _block(values) -> int:
+    """The largest block every value is a whole multiple of (1 for exact byte counts)."""
+    whole = [int(v) for v in values if _number(v) and float(v).is_integer() and v > 0]
+    return math.gcd(*whole) if len(whole) == len(values) and whole else 1
+
+
+def _rounded(d) -> int:
+    """The block yours rounds every bound up to, where the reference's bounds are exact."""
+    mine = [m for _, m, _ in d.pairs("bound")]
+    block = _block(mine)
+    return block if block >= 16 and _block([w for _, _, w in d.pairs("bound")]) < block else 0
+
+
 HINTS = [
     Hint(lambda d: d.raised is not None, "n_params and activation_bytes are numbers (bytes); "
          "optimizer is one of 'sgd', 'momentum', 'adam'"),
@@ -101,6 +121,12 @@ HINTS = [
         near(r, d.ratio) for r in _ratios(d)),
          lambda d: "every answer is {:g}x the reference's: {}".format(
              d.ratio, next(w for k, w in UNITS.items() if near(d.ratio, k)))),
+    Hint(lambda d: d.only_where(lambda c: c["optimizer"] == LEFT_OUT), "called without an "
+         "optimizer, predict_peak(n_params, activation_bytes) gives {mine:g} where the reference's "
+         "default gives {want:g}: keep the signature as given, optimizer=\"adam\""),
+    Hint(_rounded, lambda d: f"every bound of yours is a whole multiple of {_rounded(d)} B, "
+         "the reference's are exact: a bound counts bytes (4 B per value kept), no rounding to "
+         "blocks"),
     Hint(lambda d: d.config["activation_bytes"] == 0 or any(
         abs(e) >= 0.01 for e in _per_parameter(d).values()), _state_words),
     Hint(lambda d: any(not near(f, 1, 0.01) for f in _activation_factors(d)), _activation_words),
@@ -114,7 +140,7 @@ def _ratios(d):
 CHECK = Check(
     "your upper bound of the peak memory", _predict,
     configs=spread(n_params=[1, 1000, 27_840, 3_200_000], activation_bytes=[0, 4096, 1_234_567],
-                   optimizer=list(OPTIMIZERS)),
+                   optimizer=list(OPTIMIZERS) + [LEFT_OUT]),
     tolerance={"bound": 1e-9}, hints=HINTS,
     words={"bound": "predict_peak(n_params, activation_bytes, optimizer)"},
     agreed="the model state (4 B per value kept: parameters, gradients, optimizer state) plus "
@@ -132,8 +158,9 @@ JUDGES = {"01_predict_peak": lambda answers: CHECK.judge_many(answers, _referenc
 @verdict_of_check
 def check_peak_predictor(fn, config: GPTConfig | None = None, device="cpu") -> CheckResult:
     """Check ``fn(n_params, activation_bytes, optimizer)``, an upper bound of the peak bytes of
-    one fp32 step (the model state plus the activations), against the reference on 36
-    configurations (parameter counts from 1 to 3.2 M, no activations or some, each optimizer);
+    one fp32 step (the model state plus the activations), against the reference on 48
+    configurations (parameter counts from 1 to 3.2 M, no activations or some, each optimizer, and
+    the optimizer left out: the signature's default);
     then measure ``config``'s step (the tiny GPT by default) and say how far above its peak the
     bound is: the true peak is lower, because the gradients appear while backward frees the
     activations."""

@@ -98,6 +98,9 @@ HINTS = [
     Hint(lambda d: d.raised and d.config["numel"] < d.config["world_size"], "a tensor of "
          "{numel} elements on {world_size} ranks: " + SPLIT),
     Hint(lambda d: d.raised, "the line above says where"),
+    Hint(lambda d: d.observable == "recv dtype", "rank {rank} received into a {mine} buffer "
+         "where its chunk is {want}: make the buffer with torch.empty_like(chunk), the chunk's "
+         "size and dtype (another dtype holds more bytes and rounds the sum twice)"),
     Hint(lambda d: d.observable.endswith("peer") and int(d.mine[5:]) == (2 * d.where["rank"] - int(
         d.want[5:])) % d.config["world_size"], "the ring runs the other way round from the one "
          "the chunk indices assume: send to (rank + 1) % world_size, recv from (rank - 1) % N"),

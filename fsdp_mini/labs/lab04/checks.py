@@ -9,7 +9,7 @@ from collections import Counter
 
 from ..common.checking import measure_strategies, missing_methods
 from ..common.differential import Check, Hint, spread
-from ..common.hints import DTYPE, HANG, scale_hints
+from ..common.hints import DTYPE, ROUNDING, HANG, scale_hints
 from ..common.exercise import load_solution
 from ..common.observing import OPTIMIZERS, observe_memory, observe_training, runs_of
 from ..common.report import CheckResult, verdict_of_check
@@ -97,6 +97,7 @@ KEEP = {True: "self.shard.grad is a view of flat_grad, and a view keeps the whol
         "DDP; a slice only is ZeRO-2's saving): make self.shard.grad a view of your slice of it"}
 HINTS = [
     DTYPE,
+    ROUNDING,
     Hint(lambda d: d.raised and (d.raised[0] == "a hang" or "Mismatch" in d.raised[0]), HANG),
     Hint(lambda d: d.raised and "the full tensor has" in d.raised[1], "each rank's part (or "
          "output) of the flat buffer is self.flat.numel() // N elements, self.shard's size"),
@@ -119,8 +120,16 @@ HINTS = [
          "all-gather every rank's updated slice into self.flat"),
     Hint(_on("ledger", lambda d: _ops(d) & set(REDUCE) - _ops(d, 1)),
          lambda d: REDUCE[min(_ops(d) & set(REDUCE) - _ops(d, 1))]),
+    Hint(lambda d: "view" in d.path and _did(d, "view of another"), "self.shard.grad is a "
+         "view of a tensor made in reduce_gradients (flat_grad / N, or a copy), not of the "
+         "flat_grad you were given: average flat_grad in place (flat_grad.div_(N)) and take your "
+         "slice of that"),
     Hint(lambda d: "view" in d.path or d.observable == "alive" and "grads" in d.path,
          lambda d: KEEP[d.mine > d.want]),
+    Hint(_on("between steps", lambda d: d.mine > d.want), lambda d: f"after zero_grad, "
+         f"between two steps, {d.mine - d.want:,} B of {d.path} are still alive that the "
+         "reference has freed: a tensor kept on self (a buffer cached and reused) holds them. "
+         "Make each step's buffers anew and keep no reference to them"),
     Hint(_on("alive", lambda d: d.mine > d.want), lambda d: f"after the step {d.mine - d.want:,} "
          f"B more of {d.path} are alive than in the reference{' (more every step)' * d.grows}: "
          f"your class keeps flat_grad, or a tensor made from it, so it is never freed"),
@@ -129,9 +138,10 @@ WORDS = {"slice": "rank {rank}'s my_slice()", "reduce_gradients": "rank {rank}'s
          "reduce_gradients, in step {step},", "grads": "the gradient shard rank {rank}'s "
          "optimizer got in step {step}", "ledger": "rank {rank}'s collectives in step {step}",
          "unwaited": "rank {rank}'s collectives never waited for in step {step}",
-         "alive": "rank {rank}'s bytes alive after step {step}"}
+         "alive": "rank {rank}'s bytes alive after step {step}",
+         "between steps": "rank {rank}'s bytes alive after step {step}'s zero_grad"}
 ORDER = ("start", "slice", "loss", "backward_weights", "grads", "ledger", "unwaited",
-         "reduce_gradients", "weights", "alive", "peak")
+         "reduce_gradients", "weights", "alive", "peak", "between steps")
 TOLERANCE = {"loss": 1e-5, "backward_weights": 1e-6, "grads": 1e-5, "weights": 1e-5, "peak": 0.25}
 ZERO1, ZERO2 = (Check(f"your ZeRO-{k}", _train, [], ORDER, TOLERANCE, WORDS, HINTS, agreed=f"each "
                       f"rank owns slice r of the padded buffer, {what}, and trains like the "

@@ -9,7 +9,7 @@ from collections import Counter
 
 from ..common.checking import missing_methods, unwritten
 from ..common.differential import Check, Hint, spread
-from ..common.hints import DTYPE, HANG, scale_hints
+from ..common.hints import DTYPE, ROUNDING, HANG, scale_hints
 from ..common.exercise import load_solution
 from ..common.observing import (NETS, OPTIMIZERS, observe_memory, observe_training, runs_of,
                                 units_of)
@@ -62,6 +62,7 @@ FREE = ("free the storage itself, self.full.untyped_storage().resize_(0): the te
         "autograd's views of it stay valid, and unshard refills the same storage")
 HINTS = [
     DTYPE,
+    ROUNDING,
     Hint(lambda d: d.raised and (d.raised[0] == "a hang" or "Mismatch" in d.raised[0]), HANG),
     Hint(lambda d: d.raised and "the full tensor has" in d.raised[1], "all_gather(output, "
          "shard) and reduce_scatter(output, full): the unit's whole buffer has N times the "
@@ -89,21 +90,31 @@ HINTS = [
     Hint(lambda d: "view" in d.path or d.observable == "alive" and "grads" in d.path and
          d.mine > d.want, "the shard returned is a slice (a view) of flat_grad, and a view keeps "
          "the unit's whole gradient alive: return a new tensor of flat_grad.numel() // N"),
+    Hint(_on("grad_labels", lambda d: d.mine != "none"), "your gradient's collective is "
+         "labelled {mine!r}, the label reduce_scatter_grad was given is {want!r}: pass `label` "
+         "on to the collective, so the ledger and the dashboard name each unit's reduction"),
     Hint(_on("grad_shard"), "two units' gradient shards share one storage (a buffer kept and "
          "reused): the later unit's reduction overwrites the earlier one's; use a new tensor"),
     Hint(_on("peak_gathered", lambda d: d.mine > d.want), "more of the net was gathered at once "
          "than in the reference: gather a unit only for its own forward and backward"),
     Hint(_on("alive", lambda d: d.mine > d.want), lambda d: f"after the step {d.mine - d.want:,} "
          f"B more of {d.path} are alive than in the reference{' (more every step)' * d.grows}: "
-         f"something keeps a step's tensors"),
+         f"a tensor kept on self (a buffer cached and reused, or a step's output) holds them"),
+    Hint(_on("between steps", lambda d: d.mine > d.want), lambda d: f"after zero_grad, between "
+         f"two steps, {d.mine - d.want:,} B of {d.path} are still alive that the reference has "
+         "freed: a tensor kept on self (a buffer cached and reused) holds them. Make each "
+         "step's buffers anew and keep no reference to them"),
 ]
 WORDS = {k: f"unit {{unit!r}} {v} on rank {{rank}} in step {{step}}" for k, v in {
     "after_forward": "after its post_forward", "grad_shard": "(its gradient shard)",
-    "after_backward": "after its backward: bytes still gathered"}.items()}
+    "after_backward": "after its backward: bytes still gathered",
+    "grad_labels": "(the labels of its gradient's collectives)"}.items()}
 WORDS.update(ledger="rank {rank}'s collectives in step {step}", grads="rank {rank}'s gradient "
-             "shards in step {step}")
+             "shards in step {step}", alive="rank {rank}'s bytes alive after step {step}",
+             **{"between steps": "rank {rank}'s bytes alive after step {step}'s zero_grad"})
 ORDER = ("start", "loss", "after_forward", "after_backward", "grad_shard", "backward_weights",
-         "grads", "ledger", "weights", "peak_gathered", "alive", "peak")
+         "grads", "ledger", "grad_labels", "weights", "peak_gathered", "alive", "peak",
+         "between steps")
 TOLERANCE = {"loss": 1e-5, "backward_weights": 1e-6, "grads": 1e-5, "weights": 1e-5, "peak": 0.25}
 UNIT, GRAD = (Check(what, _train, [], ORDER, TOLERANCE, WORDS, HINTS, agreed=agreed,
                     on_ranks=True) for what, agreed in (

@@ -170,7 +170,10 @@ class FSDPScaffold(FSDP):
     def reduce_scatter_grad(self, group, flat_grad, absent) -> None:
         """The unit's backward is over: your ``reduce_grad`` gives this rank's gradient shard."""
         unit = next(u for u in self.units if u.group is group)
+        before = len(self.comm.ledger.records)
         grad = unit.mine.reduce_grad(flat_grad)
+        self.note("grad_labels", unit, ", ".join(sorted({  # Note: the ledger names each unit's
+            r.label for r in self.comm.ledger.records[before:]})) or "none")  # reduction
         unit.mine._waited("in the gradient's reduction, before its shard is used")
         if not isinstance(grad, torch.Tensor) or grad.numel() != group.shard.numel():
             raise RuntimeError(f"unit {unit.name!r}: the gradient reduction returned "

@@ -138,11 +138,21 @@ AXES = {"world_size": ((2,), "what is right at N = 2 (N − 1 = 1) and wrong els
                        "(none at N = 1)"),
         "units": ((1,), "per unit: every unit issues its own 3 collectives"),
         "compute_s": ((0,), "the compute: both do the same C, and FSDP without prefetch waits "
-                      "for every collective: T_f = C + L_f + B_f/b, a sum, not max(C, …)"),
+                      "for every collective: T_f = C + L_f + B_f/b, a sum, not max(C, …); the "
+                      "margin multiplies DDP's compute too, (1 + m)·C, so C does not cancel"),
         "latency_us": ((0,), "the latency terms: each ring collective pays α N−1 times (an "
-                       "all-reduce 2(N−1)): L_f = 3·units·(N−1)α, L_d = 2(N−1)α"),
+                       "all-reduce 2(N−1)): L_f = 3·units·(N−1)α, L_d = 2(N−1)α, with α = "
+                       "latency_us·10⁻⁶ s (µs to seconds)"),
         "margin": ((0,), "the margin: FSDP loses when T_f(b) > (1 + m)·T_d(b); the (1 + m) "
                    "multiplies DDP's step, not FSDP's")}
+
+
+def _ring_factors(d) -> bool:
+    """Every job at N = 1 agrees (no ring term there), and some job without latency (bytes and
+    compute only) at N > 1 differs: the bytes' ring factors are off."""
+    return not any(c["world_size"] == 1 for c in d.differ) and any(
+        c["world_size"] == 1 for c in d.agree) and any(
+        c["latency_us"] == 0 and c["world_size"] > 1 for c in d.differ)
 
 
 def _axis(d) -> str | None:
@@ -188,6 +198,10 @@ HINTS = [
     Hint(lambda d: d.want == 0 and _only_edges(d), "here no bytes are "
          "extra: B_f − (1 + m)·B_d <= 0 (a margin of 0.5 or more) and time is left, so FSDP "
          "never loses: return 0.0"),
+    Hint(_ring_factors, "right at N = 1, wrong at larger N even with no latency: look at the "
+         "ring's factors of the bytes, B_d = 2(N−1)/N·4Ψ (one all-reduce) and B_f = "
+         "3(N−1)/N·4Ψ (per unit an all-gather in forward, one in backward and a reduce-scatter, "
+         "each (N−1)/N of its payload), computed as floats"),
     Hint(lambda d: _axis(d), lambda d: f"{right_wherever_words(d)}: look at "
          f"{AXES[_axis(d)][1]}"),
     Hint(lambda d: True, lambda d: (right_wherever_words(d) + "; " if right_wherever_words(d)

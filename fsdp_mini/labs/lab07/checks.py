@@ -80,7 +80,12 @@ CHEAPEST = Search(
     plain=(("with micro-batch 1 (plan()'s default when micro_batch is not passed)",
             {"micro_batch": 1}),
            ("for GPUs of 80 GB (plan()'s default when gpu_mem_gb is not passed)",
-            {"gpu_mem_gb": 80})))
+            {"gpu_mem_gb": 80}),
+           ("for a GPU of gpu_mem_gb x 10^9 / 2^30 (GB turned into GiB: the budget and .fits "
+            "are both in GB, 10^9 B)", {"gpu_mem_gb": lambda c: c["gpu_mem_gb"] * 1e9 / 2**30}),
+           ("with bf16-mixed's gradients reduced in bf16 (reduce_dtype='bf16'; lab 07 plans "
+            "what parallelize does: fp32 reductions, plan()'s default)", {"_options": lambda
+            precision: {"reduce_dtype": "bf16"} if precision == "bf16-mixed" else {}})))
 
 CHECK = SearchCheck("your cheapest_fit", search=CHEAPEST, agreed=(
     "the same choice as the reference in every budget: the fastest step among the candidates "

@@ -57,6 +57,11 @@ def _observe(fn, cfg, record) -> None:
         record.see("keys", sorted(map(str, got)), new_rank=rank)
         for key in STATE[cfg["state"]]:
             record.see("shard", got.get(key), new_rank=rank, key=key)
+        # Note: the saved shards are what was loaded: a reshard reads them, never writes them
+        changed = sorted(f"old rank {r}'s {k}" for r, s in old.items() for k, t in s.items()
+                         if not torch.equal(t.nan_to_num(7.5), old_shards(cfg)[r][k].nan_to_num(
+                             7.5)))
+        record.see("inputs changed", changed or "none", new_rank=rank)
         stored = {t.untyped_storage().data_ptr() for s in old.values() for t in s.values()}
         record.see("views", sorted(k for k, v in got.items() if torch.is_tensor(v) and
                                    v.untyped_storage().data_ptr() in stored), new_rank=rank)
@@ -74,7 +79,9 @@ def _lengths(d) -> str:
     named = {f"numel // N = {n} // {m}": n // m, f"4 x {size}: bytes, not elements": 4 * size,
              "the real elements of this rank's slice, not padded": max(0, min(n - r * size, size)),
              f"ceil({old} / {m}): the old padding counted as elements (use numel, not the sum "
-             f"of the old shards' lengths)": -(-old // m)}
+             f"of the old shards' lengths)": -(-old // m),
+             f"ceil({n} / {c['old_world_size']}): the old world size's shard, cut for the new "
+             f"world size N = {m}": -(-n // c["old_world_size"])}
     said = [w for w, v in named.items() if v == mine]
     return (f"yours has {mine} elements, the reference ceil({n} / {m}) = {size}" +
             (f": {'; '.join(said)}" if said else "") + ". Every new shard holds ceil(numel / N) "
@@ -160,13 +167,18 @@ HINTS = [
          "what was loaded, or the tensor itself): the optimizer updates its shard in place, and "
          "would write into the old one; return a new tensor (torch.cat, torch.zeros then copy, "
          ".clone())"),
+    Hint(lambda d: d.observable == "inputs changed", "your reshard wrote into the old shards it "
+         "was given ({mine}): they are what was loaded, and every new rank reads them again. "
+         "Read them only: work on a copy (torch.cat makes one) and return new tensors"),
 ]
 
-CHECK = Check("your reshard", _observe, configs=[], order=("keys", "shard", "views"),
+CHECK = Check("your reshard", _observe, configs=[], order=("keys", "shard", "views",
+                                                          "inputs changed"),
               hints=HINTS, words={
                   "keys": "the keys new rank {new_rank} got", "shard": "new rank {new_rank}'s "
                   "{key!r}", "views": "new rank {new_rank}'s shards that are views of an old "
-                  "shard"},
+                  "shard", "inputs changed": "the old shards after new rank {new_rank}'s "
+                  "reshard changed"},
               agreed="every new rank's shards are the reference's: ceil(numel / N) elements, "
                      "in rank order, zeros as padding, every optimizer state, new tensors of the "
                      "old dtype")

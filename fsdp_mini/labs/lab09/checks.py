@@ -62,7 +62,11 @@ def _scale_hint(d) -> str:
     parts = [f"where nothing is clipped each update is {free} the reference's" + {
         "N times": ": the sum of the ranks' gradients was not divided by world_size",
         "1/N of": ": the loss was divided by N, but the ranks' gradients are averaged already"}.get(
-        free, ": a constant scale of the loss or the gradient")] if free else []
+        free, f": the sum over ranks divided by {free[2:-6]} whatever the world size (a number "
+        "written for one world size?): divide by world_size" if free.startswith("N/") else
+        f": {free[:-8]}/N is how many values each rank's loss covers (its rows x outputs), so the "
+        "loss was summed over them, not averaged (the mean, mse_loss's default reduction)" if free.endswith(
+            "/N times") else ": a constant scale of the loss or the gradient")] if free else []
     if _scale(d, lambda c: c.get("max_norm") == EVERY) == "1/N of":
         parts.append("where every step is clipped each update is 1/N of the reference's: clipped "
                      "N times too hard (max_norm / N?), but fsdp_mini.clip_grad_norm_'s norm is "
@@ -83,6 +87,24 @@ def _moved(d) -> bool:   # rank 0's collectives of the whole run are the referen
     every = [Counter(c for k, v in r.seen.items() if k[0] == "ledger" and ("rank", 0) in k[1]
                      for c in v) for r in d.table[d.config]]
     return every[0] == every[1]
+
+
+def _clipped_otherwise(d) -> float | None:
+    """Yours / the reference's step-1 update where every step is clipped, if yours was clipped
+    (it differs from your own unclipped update) but by another amount; else None."""
+    rows = {(c["world_size"], c["optimizer"], c.get("max_norm")): (m, w) for c, m, w in
+            d.pairs("update", step=1, rank=0)}
+    for (n, opt, norm), (m, w) in rows.items():
+        free = rows.get((n, opt, NONE), (None, None))[0]
+        if norm == EVERY and opt == SGD and free is not None and ratio(m, free) != 1.0:
+            r = ratio(m, w)
+            return r if r is not None and r != 1.0 else None
+    return None
+
+
+def _printers(d) -> str:   # the ranks other than 0 that printed |w| in your run
+    return ", ".join(map(str, sorted({dict(k[1])["rank"] for k in d.table[d.config][0].seen if
+                                      k[0] == "logged" and dict(k[1])["rank"] != 0})))
 
 
 def _raised(*words):
@@ -107,6 +129,9 @@ HINTS = [
          "(torch.manual_seed(0)) before labs.debug_net(); a hand-written loop broadcasts nothing"),
     Hint(_is("rows update weights", _one_size), lambda d: f"right only at world size "
          f"{_one_size(d)}: a count fixed for {_one_size(d)} ranks must follow world_size: {ROWS}"),
+    Hint(_is("rows", lambda d: "not of the step's batch" in str(d.mine)), "the ranks were "
+         "fed rows that are not of step {step}'s batch: count the steps as the reference does "
+         "(for step in range(steps): the first batch is labs.debug_batch(0))"),
     Hint(_is("rows", lambda d: "once" not in d.mine and "never" in d.mine), "every rank was "
          f"fed the same rows, the others none: {ROWS}"),
     Hint(_is("rows"), lambda d: f"the ranks' rows together are not the batch once: {ROWS}; "
@@ -114,6 +139,11 @@ HINTS = [
     Hint(_is("update", lambda d: ranks_differ(d, "update")), "after optimizer.step() the ranks' "
          "weights differ: average the gradients before the step (not the weights after it)"),
     Hint(_is("update weights", _scale_hint), _scale_hint),
+    Hint(_is("update weights", lambda d: _clipped_otherwise(d)), lambda d: "you clip, but "
+         f"by another amount: where every step is clipped your update is "
+         f"{_clipped_otherwise(d):.3g}x the reference's. Clip by the 2-norm of all the "
+         "gradients of every rank together: fsdp_mini.clip_grad_norm_(model, labs.MAX_NORM) "
+         "(norm_type 2), once a step, between backward() and step()"),
     Hint(_is("update weights", lambda d: _only(d, lambda c: c.get("max_norm") in (
         EVERY, MAX_NORM))), "right where nothing is clipped, wrong where the reference clips: "
          "fsdp_mini.clip_grad_norm_(model, labs.MAX_NORM) between backward() and step()"),
@@ -121,6 +151,9 @@ HINTS = [
          "optimizer.step() that the reference makes after it (the gather to log?), or after"),
     Hint(_is("ledger"), "an all_gather is a forward, backward or full_state_dict (the gather to "
          "log?), an all_reduce of 4 B the clipping's norm: one missing is a step not taken"),
+    Hint(_is("logged", lambda d: d.mine is None and _printers(d)), lambda d: f"rank(s) "
+         f"{_printers(d)} printed |w| and rank 0 did not: only rank 0 prints (under `if rank == "
+         "0`), after every rank has gathered"),
     Hint(_is("logged", lambda d: d.mine is None), "rank 0 prints |w| every step: keep the log"),
     Hint(_is("logged", lambda d: d.want is None), "every rank gathers (full_state_dict is a "
          "collective), only rank 0 prints"),

@@ -29,7 +29,7 @@ def _observe(port, cfg, record) -> None:
     gpt, n, rank = NETS[cfg["net"]], cfg["world_size"], record.rank
     dtype, net = {"bf16": {"param_dtype": torch.bfloat16}}.get(cfg["dtype"], {}), make_model(gpt)
     try:
-        got = port(net, **dtype)
+        got = port(net, **dtype, **({"lr": cfg["lr"]} if cfg.get("lr") else {}))
     except Exception as e:  # noqa: BLE001  (the learner's code: what it made so far, then why)
         record.fail(e, traceback.format_exc())
         record.error = (record.error[0], str(e).split("\n")[0][:300], record.error[2])
@@ -55,7 +55,9 @@ def _observe(port, cfg, record) -> None:
 
 
 def _configs(world_size: int = 2) -> list:
+    # Note: an lr other than AdamW's default, given as the notebook can give it
     return spread(world_size=[1, 2, 3, 4], dtype=["fp32", "bf16"], net=["small"]) + \
+        spread(world_size=[2], dtype=["fp32"], net=["small"], lr=[0.02]) + \
         spread(world_size=[world_size], dtype=["fp32", "bf16"], net=["tiny"])
 
 
@@ -71,6 +73,12 @@ HINTS = [
          "the blocks: more, smaller collectives, each paying its latency; one unit per block"),
     Hint(lambda d: d.observable == "units", "each block a unit (fsdp_mini's units=list("
          "model.blocks)): fully_shard(block) for each, then fully_shard(model), the blocks first"),
+    Hint(lambda d: d.observable == "policies" and "one unit with" in d.path, "fully_shard of "
+         "a list makes its modules one unit (one all-gather and one reduce-scatter for all of "
+         "them): call fully_shard(block) on each block, then fully_shard(model)"),
+    Hint(lambda d: d.observable == "optimizer" and d.config.get("lr"), "the optimizer was "
+         "built with another learning rate than the lr passed in ({lr:g} here): "
+         "torch.optim.AdamW(model.parameters(), lr=lr)"),
     Hint(lambda d: d.observable == "policies" and "reshard" in d.path, "the default reshard_"
          "after_forward=True: False keeps each block whole from forward to backward"),
     Hint(lambda d: d.observable == "policies" and "reduce_dtype" in d.path, "reduce the "

@@ -16,6 +16,7 @@ from ..common.exercise import load_solution, not_written_yet
 from ..common.records import Config
 from ..common.report import CheckResult, verdict_of_check
 from ..common.facts import constant_ratio, fit_terms, number, pairs, right_only_with, same_as_at
+from ..common.facts import only_at_two_words, right_only_at_two
 from .fit import JOB_BUDGET, FitBudget, planned
 from .runs import JOB_GPT
 
@@ -81,6 +82,7 @@ HINTS = [
            "reference's {1}: ".format(*same_as_at(d, "bytes", a)) + AXIS[a]) for a in GROUP],
     Hint(lambda d: right_only_with(d, "checkpointing", lambda v: not v),
          f"right without checkpointing only: {AXIS['checkpointing']}"),
+    Hint(right_only_at_two, only_at_two_words("a ring share (N−1)/N")),
     Hint(_fit_words, _fit_words),
 ]
 

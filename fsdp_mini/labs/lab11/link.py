@@ -20,6 +20,7 @@ from ..common.exercise import load_solution, not_written_yet
 from ..common.records import Config
 from ..common.report import CheckResult, verdict_of_check
 from ..common.facts import fit_terms, right_only_with, terms_words, unit_words
+from ..common.facts import only_at_two_words, right_only_at_two
 from .bytes import UNITS
 
 __all__ = ["JOB_LINK", "LINK_CASES", "check_faster_on_link", "link_model"]
@@ -92,6 +93,9 @@ HINTS = [
          "each run's seconds, and faster"),
     Hint(lambda d: unit_words(_ratio(d)), lambda d: f"your times are {_ratio(d):g}x the "
          f"model's: {unit_words(_ratio(d))}: return seconds"),
+    Hint(lambda d: d.observable == "seconds" and right_only_at_two(d), only_at_two_words(
+        "a count of latency steps (N−1 per all-gather or reduce-scatter, 2(N−1) per all-reduce) "
+        "or a ring share")),
     Hint(lambda d: d.observable == "seconds" and _fit(d), lambda d: "from your step times: "
          f"{terms_words(_fit(d), MODEL)}. The model: compute + latency (Σ latency steps × α: "
          "N−1 for an all-gather or a reduce-scatter, 2(N−1) for an all-reduce) + the ledger's "

@@ -17,6 +17,7 @@ from torch import nn
 
 from ...debug.small_data import one_process
 from ...debug.seen import differs_only_where, ratio, watch_into
+from ..common.facts import right_only_with
 from ..common.checking import relative_difference
 from ..common.differential import Check, Hint, near, spread
 from ..common.exercise import load_solution, not_written_yet
@@ -98,6 +99,12 @@ def _here_too(hint: Hint) -> Hint:
     return Hint(lambda d: hint.when(_here(d)), lambda d: hint.text(_here(d)))
 
 
+def _passes(d) -> float:
+    """Yours / the reference's all-gathers in the step: how many times its passes it made."""
+    mine, want = (sum(1 for r in (w or ()) if r[0] == "all_gather") for w in d.whole)
+    return mine / want if want and mine % want == 0 else 0
+
+
 def _hung(d):
     """(world size, where each rank waited) of the first configuration where yours hung."""
     return next(((c["world_size"], mine.error[1]) for c, (mine, _) in d.table.items()
@@ -121,6 +128,16 @@ HINTS = [
     Hint(lambda d: d.raised and "GradientsChanged" in d.raised[0], "torch's clip_grad_norm_ sees "
          "this rank's shard: fsdp_mini.clip_grad_norm_(model, labs.JOB_MAX_NORM), the global norm"),
     Hint(_on("names returned"), "return fsdp_mini.full_state_dict(model): the whole weights"),
+    Hint(_on("rows", lambda d: "not of the step's batch" in str(d.mine)), "the ranks were fed "
+         "rows that are not of step {step}'s batch: count the steps as the reference does (for "
+         "step in range(steps): the first batch is labs.job_batch(0))"),
+    Hint(_on("rows", lambda d: right_only_with(d, "world_size", lambda v: v == 2)), "right only "
+         "at world size 2: a count of rows written for 2 ranks must follow world_size: rank r "
+         "takes its slice order[r·n:(r+1)·n], n = len(x) // world_size"),
+    Hint(_on("ledger", lambda d: _passes(d) > 1 and not _hung(d)), lambda d: f"your step made {_passes(d):g}x "
+         "the reference's collectives: as many more forward and backward passes. Cut the "
+         "rank's rows into labs.JOB_MICRO_BATCHES micro-batches (torch.tensor_split), not into "
+         "pieces of a fixed size"),
     Hint(_on("rows start"), "the ranks' rows overlap and leave rows out: one shuffle on every "
          "rank (one seed, torch.manual_seed(0)), rank r its slice order[r·n:(r+1)·n]"),
     ADDED,
