@@ -200,3 +200,9 @@ WRONG = [
     Wrong(EX, "returns a list", returns_a_list,
           ("yours 'list', the reference 'float'", "python float, not a list")),
 ]
+
+
+# The second round (tests/wrong_answers/round2/): written from the notebook and solution only
+from wrong_answers.round2 import round2  # noqa: E402
+
+WRONG += round2("00")

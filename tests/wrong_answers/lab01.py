@@ -57,3 +57,9 @@ WRONG = [
     Wrong(EX, "returns a string", lambda n, a, optimizer="adam": "lots",
           ("yours 'lots'", "return the number of bytes")),
 ]
+
+
+# The second round (tests/wrong_answers/round2/): written from the notebook and solution only
+from wrong_answers.round2 import round2  # noqa: E402
+
+WRONG += round2("01")

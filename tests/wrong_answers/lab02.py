@@ -341,3 +341,9 @@ WRONG = [
     Wrong(EX, "the right ring on a copy, returned", returns_a_new_sum,
           ("unchanged on every rank, in every step", "in place")),
 ]
+
+
+# The second round (tests/wrong_answers/round2/): written from the notebook and solution only
+from wrong_answers.round2 import round2  # noqa: E402
+
+WRONG += round2("02")

@@ -232,3 +232,9 @@ WRONG = [
     Wrong(BUCKETS, "rank 1 skips a bucket", Rank1SkipsABucket, ("collectivemismatcherror", "rank 0 issues all_reduce 'bucket0'", "but rank 1 issues all_reduce 'bucket1'")),
     Wrong(BUCKETS, "rank 1 launches its buckets in reverse order", ReversedOnRank1, ("['in_hook']: yours false", "launched in backward_done")),
 ]
+
+
+# The second round (tests/wrong_answers/round2/): written from the notebook and solution only
+from wrong_answers.round2 import round2  # noqa: E402
+
+WRONG += round2("03")

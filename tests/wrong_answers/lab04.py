@@ -250,3 +250,9 @@ WRONG = [
     Wrong("04_zero1", "a copy of flat_grad kept on self", Z1KeepsFlatGrad, ("bytes alive after step 1 'activations': yours 236, the reference 0", "keeps flat_grad, or a tensor made from it")),
     Wrong("04_zero2", "reduce_gradients with a pass body", Z2PassBody, ("yours has none", "the optimizer got no gradient", "must set self.shard.grad")),
 ]
+
+
+# The second round (tests/wrong_answers/round2/): written from the notebook and solution only
+from wrong_answers.round2 import round2  # noqa: E402
+
+WRONG += round2("04")

@@ -202,3 +202,9 @@ WRONG = [
     Wrong("05_reduce_scatter_grad", "the average computed, not returned", returns_nothing, ("the gradient reduction returned none", "return this rank's averaged shard")),
     Wrong("05_reduce_scatter_grad", "another rank's slice of the sum", wrong_rank_slice, ("yours makes 1 all_reduce of 96 b", "the gradient was all-reduced (2ψ)")),
 ]
+
+
+# The second round (tests/wrong_answers/round2/): written from the notebook and solution only
+from wrong_answers.round2 import round2  # noqa: E402
+
+WRONG += round2("05")

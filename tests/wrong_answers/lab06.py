@@ -109,3 +109,9 @@ WRONG = [
     Wrong(EX, "an exact tie (no time left, no bytes extra) called 'never loses'", _strict_edges,
           ("yours 0, the reference inf", "no time is left")),
 ]
+
+
+# The second round (tests/wrong_answers/round2/): written from the notebook and solution only
+from wrong_answers.round2 import round2  # noqa: E402
+
+WRONG += round2("06")

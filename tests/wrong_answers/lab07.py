@@ -77,3 +77,9 @@ WRONG = [
                    "'bf16-mixed', 'checkpointing': True}\n")),
           ("the reference: nothing fits", "does not fit")),
 ]
+
+
+# The second round (tests/wrong_answers/round2/): written from the notebook and solution only
+from wrong_answers.round2 import round2  # noqa: E402
+
+WRONG += round2("07")

@@ -132,3 +132,9 @@ WRONG = [
     Wrong(EX, "float32 shards whatever the old dtype", _float32_padding,
           ("bfloat16", "keep their dtype")),
 ]
+
+
+# The second round (tests/wrong_answers/round2/): written from the notebook and solution only
+from wrong_answers.round2 import round2  # noqa: E402
+
+WRONG += round2("08")

@@ -308,3 +308,9 @@ WRONG = [
     Wrong(E3, "the loss multiplied by N", e3_loss_times_n,
           ("n times the reference's", 'where nothing is clipped')),
 ]
+
+
+# The second round (tests/wrong_answers/round2/): written from the notebook and solution only
+from wrong_answers.round2 import round2  # noqa: E402
+
+WRONG += round2("09")

@@ -162,3 +162,9 @@ WRONG = [
     Wrong(EX, "AdamW without its weight decay", weight_decay_off,
           ("['weight_decay']: yours 0, the reference 0.01",)),
 ]
+
+
+# The second round (tests/wrong_answers/round2/): written from the notebook and solution only
+from wrong_answers.round2 import round2  # noqa: E402
+
+WRONG += round2("10")

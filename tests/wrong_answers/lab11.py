@@ -188,3 +188,9 @@ WRONG = [
                            (DDP, "return 8 * 2 * ring * psi * size"),
                            (ZERO, "return 8 * ring * psi * (size + size)")), ("8x", "bits")),
 ]
+
+
+# The second round (tests/wrong_answers/round2/): written from the notebook and solution only
+from wrong_answers.round2 import round2  # noqa: E402
+
+WRONG += round2("11")
