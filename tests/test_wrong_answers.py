@@ -7,10 +7,11 @@ name it leaves the learner guessing. ``python benchmarks/checker_sweep.py`` prin
 import pytest
 from wrong_answers import LABS, registry, verdict
 
-CASES = [wrong for lab in LABS for wrong in registry(lab)]
+CASES = [pytest.param(wrong, marks=pytest.mark.xfail(strict=True, reason=wrong.known_miss))
+         if wrong.known_miss else wrong for lab in LABS for wrong in registry(lab)]
 
 
-@pytest.mark.parametrize("wrong", CASES, ids=str)
+@pytest.mark.parametrize("wrong", CASES, ids=lambda w: str(w))
 def test_the_checker_names_the_mistake(wrong):
     judged, text = verdict(wrong)
     assert judged != "passed", f"{wrong}: the checker PASSED this wrong answer:\n{text}"
