@@ -148,11 +148,18 @@ AXES = {"world_size": ((2,), "what is right at N = 2 (N − 1 = 1) and wrong els
 
 
 def _ring_factors(d) -> bool:
-    """Every job at N = 1 agrees (no ring term there), and some job without latency (bytes and
-    compute only) at N > 1 differs: the bytes' ring factors are off."""
-    return not any(c["world_size"] == 1 for c in d.differ) and any(
-        c["world_size"] == 1 for c in d.agree) and any(
-        c["latency_us"] == 0 and c["world_size"] > 1 for c in d.differ)
+    """Every job at N = 1 agrees (no ring term there), and where there is no latency yours /
+    the reference's changes with N alone (the other job's values the same): the bytes' ring
+    factors are off. Note: a misplaced margin or compute gives one ratio at every N."""
+    if any(c["world_size"] == 1 for c in d.differ) or not any(
+            c["world_size"] == 1 for c in d.agree) or _axis(d) not in (None, "margin"):
+        return False
+    by_job = {}
+    for c, m, w in _finite(d):
+        if not c["latency_us"] and c["world_size"] > 1:
+            job = (c["units"], c["psi"], c["compute_s"], c["margin"])
+            by_job.setdefault(job, set()).add(round(m / w, 9))
+    return any(len(ratios) > 1 for ratios in by_job.values())
 
 
 def _axis(d) -> str | None:

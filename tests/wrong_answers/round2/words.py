@@ -112,7 +112,7 @@ NAMES = {
         7: ('a division by zero: here no time is left, (1 + m)(c + l_d) − c − l_f',),
         8: ('right in every configuration with compute s 0',),
         9: ("from your answers, the (1 + m) multiplies 0·(n−1)α of ddp's 2·(n−1)α",),
-        10: ('right at n = 1, wrong at larger n even with no latency: look at the',),
+        10: ('a reduce-scatter sends (n',),
         11: ("every crossover of yours is 1e+09x the reference's: bytes per second:",),
     },
     "07": {
@@ -229,6 +229,9 @@ MISSES.update({
     },
     "05": {
         5: "a temporary gather buffer copied into self.full: its unit-sized extra bytes at the gather are within the peak's tolerance (0.25, set by gloo's timing)",
+    },
+    "06": {
+        10: "a reduce-scatter costed as an all-reduce (4(N-1)/N of the payload): one ratio at every N, so it reads as the margin's",
     },
     "07": {
         12: "the first fitting candidate in the learner's own loop order: named only as 'the least compute', not as 'not ranked by step time'",
