@@ -96,7 +96,8 @@ def observe_training(record, net, optimizer, batch, steps: int, loss=mse,
     the step's collectives and every whole weight after the step."""
     from ...api import full_state_dict
     ledger = ledger_of(net)
-    if ledger is not None:  # Note: what wrapping sent (rank 0's weights to every rank)
+    if ledger is not None and net.fsdp_mini.comm.world_size > 1:  # Note: what wrapping sent
+        # (rank 0's weights to every rank; on one rank there is no one to send to)
         record.see("ledger", tuple(sorted((r.op, r.payload_bytes, r.group)
                                           for r in ledger.records)), step=0)
     record.see("start", full_state_dict(net), step=0)

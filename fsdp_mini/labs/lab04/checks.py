@@ -120,10 +120,6 @@ HINTS = [
          "all-gather every rank's updated slice into self.flat"),
     Hint(_on("ledger", lambda d: _ops(d) & set(REDUCE) - _ops(d, 1)),
          lambda d: REDUCE[min(_ops(d) & set(REDUCE) - _ops(d, 1))]),
-    Hint(lambda d: "view" in d.path and _did(d, "view of another"), "self.shard.grad is a "
-         "view of a tensor made in reduce_gradients (flat_grad / N, or a copy), not of the "
-         "flat_grad you were given: average flat_grad in place (flat_grad.div_(N)) and take your "
-         "slice of that"),
     Hint(lambda d: "view" in d.path or d.observable == "alive" and "grads" in d.path,
          lambda d: KEEP[d.mine > d.want]),
     Hint(_on("between steps", lambda d: d.mine > d.want), lambda d: f"after zero_grad, "

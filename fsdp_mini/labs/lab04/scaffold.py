@@ -50,9 +50,7 @@ class ZeroScaffold(Zero):
             grad, ptr = self.shard.grad, flat_grad.untyped_storage().data_ptr()
             self.did = {"wrote into self.flat (the weights)": self.flat._version != version,
                         "left self.shard.grad a view of flat_grad": grad is not None
-                        and grad.untyped_storage().data_ptr() == ptr,
-                        "left self.shard.grad a view of another tensor": grad is not None
-                        and grad._base is not None and grad.untyped_storage().data_ptr() != ptr}
+                        and grad.untyped_storage().data_ptr() == ptr}
         finally:
             self._flat_grad = None
 

@@ -132,8 +132,9 @@ HINTS = [
          "rows that are not of step {step}'s batch: count the steps as the reference does (for "
          "step in range(steps): the first batch is labs.job_batch(0))"),
     Hint(_on("rows", lambda d: right_only_with(d, "world_size", lambda v: v == 2)), "right only "
-         "at world size 2: a count of rows written for 2 ranks must follow world_size: rank r "
-         "takes its slice order[r·n:(r+1)·n], n = len(x) // world_size"),
+         "at world size 2: a count of rows written for 2 ranks must follow world_size, or the "
+         "ranks overlap and leave rows out: rank r takes its slice order[r·n:(r+1)·n], n = "
+         "len(x) // world_size"),
     Hint(_on("ledger", lambda d: _passes(d) > 1 and not _hung(d)), lambda d: f"your step made {_passes(d):g}x "
          "the reference's collectives: as many more forward and backward passes. Cut the "
          "rank's rows into labs.JOB_MICRO_BATCHES micro-batches (torch.tensor_split), not into "

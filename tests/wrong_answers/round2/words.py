@@ -52,7 +52,7 @@ NAMES = {
         3: ('you all-reduced a copy of the gradient: all_reduce works in place, so',),
         4: ('as many collectives as the reference, but of other sizes: each must',),
         5: ("every rank must start from rank 0's weights: broadcast each parameter",),
-        6: ('wrapping sends each parameter once, a broadcast from rank 0: yours',),
+        6: ('broadcast each parameter from rank 0',),
         7: ('more all-reduces than the reference: each gradient once a step (one',),
         8: ('wrapping sends each parameter once, a broadcast from rank 0: yours',),
         9: ('right in the first step, not in later ones: reset what you count (and',),
@@ -70,7 +70,7 @@ NAMES = {
         1: ("your gradients are 0.5, 1.5, 2x the reference's at n = 1, 3, 4: the",),
         2: ('the gradients are n times too large: divide the sum over ranks by the',),
         3: ('self.shard.grad is a copy of your slice, so the rest of the average',),
-        4: ('self.shard.grad is a view of a tensor made in reduce_gradients',),
+        4: ('out of place',),
         5: ('self.shard.grad is a copy of your slice, so the rest of the average',),
         6: ('no all-gather after the step: each rank updated only its own slice,',),
         7: ("you reduce-scatter, zero-2's move (the next exercise)",),
@@ -226,6 +226,9 @@ MISSES = {lab: {} for lab in NAMES}
 MISSES.update({
     "00": {
         12: 'the tensor made on the CPU, not labs.rank_device(): gloo ranks are CPU ranks, so no check on them can tell (it fails under NCCL)',
+    },
+    "04": {
+        4: 'averaged into a new tensor (flat_grad = flat_grad / N): named as a copy of the slice, not as an average made out of place',
     },
     "05": {
         5: "a temporary gather buffer copied into self.full: its unit-sized extra bytes at the gather are within the peak's tolerance (0.25, set by gloo's timing)",
