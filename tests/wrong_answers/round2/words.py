@@ -77,7 +77,7 @@ NAMES = {
         8: ("your gradients are 0.5, 1.5, 2x the reference's at n = 1, 3, 4: the",),
         9: ('the gradients are n times too large: divide the sum over ranks by the',),
         10: ('the gradients were all-reduced (2ψ): each rank needs only the average',),
-        11: ('self.shard.grad is a view of a tensor made in reduce_gradients',),
+        11: ('a view keeps the whole buffer alive',),
         12: ('self.shard.grad is a view of flat_grad, and a view keeps the whole',),
         13: ("after zero_grad, between two steps, 236 b of 'grads' are still alive",),
         14: ('right in float32 only, wrong with bfloat16 parameters: take every',),
